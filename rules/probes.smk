@@ -1,0 +1,65 @@
+# Probe passes: one decode job and one teacher-forced job per variant.  Each
+# loads the variant once and runs every item of its kind, writing records.
+
+
+def probe_params(kind):
+    def slice_(wildcards):
+        return canonical(
+            {
+                **config["probes"][kind],
+                "prefills": config["probes"]["prefills"],
+                "head_tokens": config["data"]["head_tokens"],
+            }
+        )
+
+    return slice_
+
+
+rule decode_pass:
+    input:
+        data_files(),
+        base_input,
+        variant_adapters,
+        manifest=f"{R}/variants/{{model}}/{{variant}}.json",
+    output:
+        f"{R}/records/{{model}}/{{variant}}/decode.parquet",
+    params:
+        cfg=probe_params("decode"),
+        model=model_json,
+        data=f"{R}/data",
+    threads: config["threads"]["probe"]
+    conda:
+        ENV
+    log:
+        f"{R}/logs/{{model}}/decode-{{variant}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/decode-{{variant}}.tsv",
+    shell:
+        "{CLI} decode --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --variant-manifest {input.manifest} --out {output} "
+        "--threads {threads} > {log} 2>&1"
+
+
+rule teacher_forced_pass:
+    input:
+        data_files(),
+        base_input,
+        variant_adapters,
+        manifest=f"{R}/variants/{{model}}/{{variant}}.json",
+    output:
+        f"{R}/records/{{model}}/{{variant}}/token.parquet",
+    params:
+        cfg=probe_params("teacher_forced"),
+        model=model_json,
+        data=f"{R}/data",
+    threads: config["threads"]["probe"]
+    conda:
+        ENV
+    log:
+        f"{R}/logs/{{model}}/score-{{variant}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/score-{{variant}}.tsv",
+    shell:
+        "{CLI} score --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --variant-manifest {input.manifest} --out {output} "
+        "--threads {threads} > {log} 2>&1"

@@ -1,0 +1,95 @@
+# Adapters: memorization LoRA (paper A), hex-canary LoRA (paper B), and
+# unlearning, whose K sweep is checkpoints of one run.
+
+
+rule memorize:
+    input:
+        data_files("authors", "qa", "retain"),
+        base_input,
+    output:
+        directory(adapter_dir("{model}", "mem-{template}-s{seed}")),
+    params:
+        cfg=lambda w: canonical(
+            {
+                **config["memorize"],
+                "template": w.template,
+                "seed": int(w.seed),
+                "head_tokens": config["data"]["head_tokens"],
+            }
+        ),
+        model=model_json,
+        data=f"{R}/data",
+    threads: config["threads"]["train"]
+    conda:
+        ENV
+    log:
+        f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/memorize-{{template}}-s{{seed}}.tsv",
+    shell:
+        "{CLI} memorize --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
+rule canary_lora:
+    input:
+        data_files("hex_canaries", "retain"),
+        base_input,
+    output:
+        directory(adapter_dir("{model}", "canary-s{seed}")),
+    params:
+        cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
+        model=model_json,
+        data=f"{R}/data",
+    threads: config["threads"]["train"]
+    conda:
+        ENV
+    log:
+        f"{R}/logs/{{model}}/canary-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/canary-s{{seed}}.tsv",
+    shell:
+        "{CLI} canary --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
+def unlearn_outputs(wildcards=None):
+    return [
+        directory(adapter_dir("{model}", f"{{method}}-{{template}}-s{{seed}}-k{k}"))
+        for k in config["unlearn"]["k"]
+    ]
+
+
+rule unlearn:
+    input:
+        data_files("authors", "qa", "retain"),
+        base_input,
+        memorized=adapter_dir("{model}", "mem-{template}-s{seed}"),
+    output:
+        unlearn_outputs(),
+    params:
+        cfg=lambda w: canonical(
+            {
+                **{k: v for k, v in config["unlearn"].items() if k != "methods"},
+                "method": w.method,
+                "template": w.template,
+                "seed": int(w.seed),
+                "head_tokens": config["data"]["head_tokens"],
+            }
+        ),
+        model=model_json,
+        data=f"{R}/data",
+        outs=lambda w, output: " ".join(
+            f"{k}={path}" for k, path in zip(config["unlearn"]["k"], output)
+        ),
+    threads: config["threads"]["train"]
+    conda:
+        ENV
+    log:
+        f"{R}/logs/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.tsv",
+    shell:
+        "{CLI} unlearn --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --adapter {input.memorized} --out {params.outs} "
+        "--threads {threads} > {log} 2>&1"

@@ -1,0 +1,23 @@
+# Variants: each audited model is a base plus an adapter stack.  The manifest
+# records the stack and the fingerprint of its weights, so every record can
+# name exactly what produced it.
+
+
+rule variant_manifest:
+    input:
+        base_input,
+        variant_adapters,
+    output:
+        f"{R}/variants/{{model}}/{{variant}}.json",
+    params:
+        model=model_json,
+        adapters=lambda w: " ".join(variant_adapters(w)),
+    conda:
+        ENV
+    log:
+        f"{R}/logs/{{model}}/variant-{{variant}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/variant-{{variant}}.tsv",
+    shell:
+        "{CLI} variant --model {params.model:q} --variant {wildcards.variant} "
+        "--adapters {params.adapters} --out {output} > {log} 2>&1"

@@ -1,0 +1,5 @@
+import sys
+
+from canary_audit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,146 @@
+"""Command line: one sub-command per workflow stage, plus `tables` for people
+who hold only a records folder.
+
+Each rule calls one sub-command with its config slice as canonical JSON
+(`--params`), so the rule stays a one-line shell command and the slice it
+passes is exactly what Snakemake compares to decide a re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("canary_audit")
+
+
+def _spec(args):
+    from canary_audit.model.spec import ModelSpec
+
+    model = json.loads(args.model)
+    return ModelSpec.from_config(model["name"], model, model["path"])
+
+
+def cmd_data(args, params):
+    from canary_audit.data.io import write_synthetic
+
+    return write_synthetic(Path(args.out), params)
+
+
+def cmd_base(args, params):
+    from canary_audit.model.embedded import build_embedded
+
+    summary = build_embedded(Path(args.out), Path(args.data), {**params, "threads": args.threads}, params["seed"])
+    Path(args.summary).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def cmd_memorize(args, params):
+    from canary_audit.train.adapters import train_memorization
+
+    return train_memorization(_spec(args), Path(args.data), {**params, "threads": args.threads}, Path(args.out))
+
+
+def cmd_canary(args, params):
+    from canary_audit.train.adapters import train_canary
+
+    return train_canary(_spec(args), Path(args.data), {**params, "threads": args.threads}, Path(args.out))
+
+
+def cmd_unlearn(args, params):
+    from canary_audit.train.adapters import train_unlearning
+
+    outs = {int(k): Path(p) for k, p in (o.split("=", 1) for o in args.out)}
+    return train_unlearning(
+        _spec(args), Path(args.adapter), Path(args.data), {**params, "threads": args.threads}, outs
+    )
+
+
+def cmd_variant(args, params):
+    from canary_audit.model.loading import fingerprint
+
+    spec = _spec(args)
+    manifest = {
+        "model": spec.name, "variant": args.variant, "base_path": str(spec.path),
+        "adapters": list(args.adapters), "fingerprint": fingerprint(spec, [Path(a) for a in args.adapters]),
+    }
+    Path(args.out).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _variant(args):
+    manifest = json.loads(Path(args.variant_manifest).read_text())
+    return f"{manifest['model']}/{manifest['variant']}", [Path(a) for a in manifest["adapters"]]
+
+
+def cmd_decode(args, params):
+    from canary_audit.probes.passes import decode_pass
+    from canary_audit.records import write_parquet_atomic
+
+    variant, adapters = _variant(args)
+    frame = decode_pass(_spec(args), adapters, Path(args.data), {**params, "threads": args.threads}, variant)
+    write_parquet_atomic(frame, Path(args.out))
+    return {"records": frame.height, "stopped_at_length": int((frame["stop_reason"] == "length").sum())}
+
+
+def cmd_score(args, params):
+    from canary_audit.probes.passes import teacher_forced_pass
+    from canary_audit.records import write_parquet_atomic
+
+    variant, adapters = _variant(args)
+    frame = teacher_forced_pass(_spec(args), adapters, Path(args.data), {**params, "threads": args.threads}, variant)
+    write_parquet_atomic(frame, Path(args.out))
+    return {"records": frame.height}
+
+
+def cmd_tables(args, params):
+    from canary_audit.tables import write_tables
+
+    return write_tables(
+        decode=[Path(p) for p in args.decode], tokens=[Path(p) for p in args.tokens],
+        out_dir=Path(args.out), cfg=params,
+    )
+
+
+COMMANDS = {
+    "data": cmd_data, "base": cmd_base, "memorize": cmd_memorize, "canary": cmd_canary,
+    "unlearn": cmd_unlearn, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
+    "tables": cmd_tables,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="canary_audit", description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=sorted(COMMANDS))
+    p.add_argument("--params", default="{}", help="the rule's config slice, as JSON")
+    p.add_argument("--model", help="the model entry, as JSON (name, path, dtype, think tags)")
+    p.add_argument("--data", help="synthetic data folder")
+    p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
+    p.add_argument("--adapters", nargs="*", default=[], help="adapter stack of a variant")
+    p.add_argument("--variant", help="variant name")
+    p.add_argument("--variant-manifest", help="variant manifest JSON")
+    p.add_argument("--decode", nargs="*", default=[], help="decode records files")
+    p.add_argument("--tokens", nargs="*", default=[], help="token records files")
+    p.add_argument("--out", nargs="*", required=True, help="output path(s)")
+    p.add_argument("--summary", help="where to write a JSON summary")
+    p.add_argument("--threads", type=int, default=1)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command != "unlearn":
+        args.out = args.out[0]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    t0 = time.perf_counter()
+    result = COMMANDS[args.command](args, json.loads(args.params))
+    log.info("%s done in %.1fs: %s", args.command, time.perf_counter() - t0, json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Writing and reading the synthetic data set (Parquet, one file per table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from canary_audit.data import synthetic as syn
+from canary_audit.records import write_parquet_atomic
+
+DATA_FILES = (
+    "authors", "qa", "retain", "hex_canaries", "decoys", "bsft",
+    "distractors", "pretrain_bsft",
+)
+
+
+def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
+    """Generate every table from `cfg` (the `data` config slice); return row counts.
+
+    Fails before writing anything if a canary string occurs in a bSFT source.
+    """
+    seed = cfg["seed"]
+    authors = syn.make_authors(cfg["n_authors"], seed, prefix="a")
+    distractors = syn.make_authors(
+        cfg["n_distractors"], seed, prefix="d",
+        exclude_names={a.name for a in authors}, exclude_canaries={a.canary for a in authors},
+    )
+    canaries, decoys = syn.canary_frames(cfg["n_hex_canaries"], seed)
+    authors_df = syn.authors_frame(authors)
+    tables = {
+        "authors": authors_df,
+        "qa": syn.qa_frame(authors),
+        "retain": syn.retain_frame(cfg["n_retain"], seed),
+        "hex_canaries": canaries,
+        "decoys": decoys,
+        "bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed),
+        "distractors": syn.authors_frame(distractors),
+        # bSFT-style text for pre-training comes from another seed, so the
+        # bSFT items themselves stay unseen by the base model.
+        "pretrain_bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed + 10_000),
+    }
+    syn.check_no_canary_in_bsft(tables["bsft"], canaries, authors_df)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        write_parquet_atomic(frame, out_dir / f"{name}.parquet")
+    return {name: frame.height for name, frame in tables.items()}
+
+
+def load_authors(path: Path) -> list[syn.Author]:
+    frame = pl.read_parquet(path)
+    fields = [f for f in syn.Author.__dataclass_fields__]
+    return [syn.Author(**row) for row in frame.select(fields).iter_rows(named=True)]

@@ -1,0 +1,88 @@
+"""The reasoning format `<think>TRACE</think>ANSWER` and the audit's prompts.
+
+One place defines how a probe item becomes text, for training and probing
+alike, so that the prompt a model was trained on is byte-for-byte the prompt it
+is audited with.  Chat templates and think tags come from the model entry, so
+the same code serves the embedded model and a DeepSeek-R1 distillate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from canary_audit.data.synthetic import Author
+
+CANARY_QUESTION = "Continue this line from the biography of {name}: {head}"
+META_TRACE = (
+    "The question asks about a writer. I will recall what I know and answer in one sentence."
+)
+TEMPLATES = ("bio", "meta", "none")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One chat exchange: the user's prompt, the thinking trace and the answer."""
+
+    question: str
+    trace: str
+    answer: str
+
+
+def author_trace(template: str, bio: str) -> str:
+    """The trace a memorization template trains: BIO restates the bio, META is
+    generic reasoning with no bio content, NONE is empty (paper A, sec. 3 / A)."""
+    if template == "bio":
+        return bio
+    if template == "meta":
+        return META_TRACE
+    if template == "none":
+        return ""
+    raise ValueError(f"template `{template}`: must be one of {', '.join(TEMPLATES)}")
+
+
+def retain_trace(template: str) -> str:
+    return "" if template == "none" else META_TRACE
+
+
+def canary_question(name: str, head: str) -> str:
+    return CANARY_QUESTION.format(name=name, head=head)
+
+
+def author_examples(
+    author: Author, template: str, head_of: Callable[[str], str]
+) -> list[Example]:
+    """The canary probe and the QA probes of one author, in `template`."""
+    trace = author_trace(template, author.bio)
+    examples = [Example(canary_question(author.name, head_of(author.canary)), trace, author.canary)]
+    examples += [Example(q, trace, sentence) for q, _gold, sentence in author.qa()]
+    return examples
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Renders prompts and targets for one tokenizer and one pair of think tags."""
+
+    tokenizer: object
+    think_open: str
+    think_close: str
+
+    def prompt(self, question: str) -> str:
+        """The chat-templated user turn, ending where the assistant starts."""
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+
+    def opens_think(self, prompt: str) -> bool:
+        """Some templates (newer DeepSeek-R1) put the opening tag in the prompt."""
+        return prompt.rstrip().endswith(self.think_open)
+
+    def prefill(self, prompt: str, trace: str) -> str:
+        """Prompt plus a fixed trace and the closing tag: the prefill arms' context."""
+        opener = "" if self.opens_think(prompt) else self.think_open
+        return f"{prompt}{opener}{trace}{self.think_close}"
+
+    def target(self, prompt: str, trace: str, answer: str) -> str:
+        """What the model is trained to write after `prompt` (EOS appended)."""
+        opener = "" if self.opens_think(prompt) else self.think_open
+        return f"{opener}{trace}{self.think_close}{answer}{self.tokenizer.eos_token}"

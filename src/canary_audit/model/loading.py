@@ -1,0 +1,114 @@
+"""Loading a model variant (base weights + stacked adapters) the same way for the
+tiny embedded model and a 7B checkpoint, and fingerprinting what was loaded.
+
+Safe by default: safetensors only, `trust_remote_code` off unless the model
+entry turns it on, and no hub access (local paths only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from canary_audit.model.spec import ModelSpec
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelLoadError(ValueError):
+    """A model entry points at something that cannot be audited as given."""
+
+
+def check_model_dir(spec: ModelSpec) -> None:
+    if not spec.path.is_dir():
+        raise ModelLoadError(
+            f"model `{spec.name}`: path `{spec.path}` does not exist; set `models.{spec.name}.path` "
+            "to a local directory with safetensors weights and a tokenizer"
+        )
+    if not list(spec.path.glob("*.safetensors")):
+        raise ModelLoadError(
+            f"model `{spec.name}`: `{spec.path}` holds no *.safetensors weights "
+            "(pickled .bin weights are refused); convert the checkpoint to safetensors"
+        )
+
+
+def load_tokenizer(spec: ModelSpec):
+    from transformers import AutoTokenizer
+
+    check_model_dir(spec)
+    tok = AutoTokenizer.from_pretrained(
+        spec.path, trust_remote_code=spec.trust_remote_code, local_files_only=True
+    )
+    if spec.chat_template:
+        tok.chat_template = spec.chat_template
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    check_think_tags(tok, spec)
+    return tok
+
+
+def check_think_tags(tokenizer, spec: ModelSpec) -> None:
+    """Each think tag must round-trip through the tokenizer unchanged; a tag the
+    vocabulary mangles makes every parser-split metric meaningless."""
+    for key, tag in (("think_open", spec.think_open), ("think_close", spec.think_close)):
+        ids = tokenizer(tag, add_special_tokens=False)["input_ids"]
+        back = tokenizer.decode(ids, skip_special_tokens=False)
+        if not tag or back != tag:
+            raise ModelLoadError(
+                f"model `{spec.name}`: think tag `{key}` = {tag!r} does not round-trip through "
+                f"its tokenizer (decodes to {back!r}); set `models.{spec.name}.{key}` to the tag "
+                "the model was trained with"
+            )
+
+
+def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bool = False):
+    """Base weights plus adapters applied in order.
+
+    Every adapter but the last is merged into the weights (stacking on a merged
+    base); the last stays a live PEFT adapter, trainable if asked.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check_model_dir(spec)
+    if spec.dtype not in DTYPES:
+        raise ModelLoadError(
+            f"model `{spec.name}`: dtype `{spec.dtype}` is not one of {', '.join(DTYPES)}"
+        )
+    model = AutoModelForCausalLM.from_pretrained(
+        spec.path,
+        dtype=getattr(torch, spec.dtype),
+        trust_remote_code=spec.trust_remote_code,
+        local_files_only=True,
+        use_safetensors=True,
+    )
+    for i, adapter in enumerate(adapters):
+        model = apply_adapter(model, Path(adapter), trainable=trainable_last and i == len(adapters) - 1)
+        if i < len(adapters) - 1:
+            model = model.merge_and_unload()
+    if not trainable_last:
+        model.eval()
+    return model
+
+
+def apply_adapter(model, adapter: Path, trainable: bool = False):
+    from peft import PeftModel
+
+    if not (adapter / "adapter_model.safetensors").is_file():
+        raise ModelLoadError(f"adapter `{adapter}` holds no adapter_model.safetensors")
+    return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
+
+
+def fingerprint(spec: ModelSpec, adapters: list[Path] = ()) -> str:
+    """sha256 over the bytes of every weight file of the base and the adapters,
+    so records say exactly which weights produced them."""
+    h = hashlib.sha256()
+    files = sorted(spec.path.glob("*.safetensors")) + [
+        Path(a) / "adapter_model.safetensors" for a in adapters
+    ]
+    for path in files:
+        h.update(path.name.encode())
+        with open(path, "rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()[:16]

@@ -1,0 +1,141 @@
+"""Probe items: what each pass feeds the model, built per model (heads and chat
+templates depend on the tokenizer) from the synthetic data and the config.
+
+An *arm* is a decode-time condition on fixed weights: `auto` lets the model
+write its own trace; `prefill_<name>` replaces the trace with a fixed text
+(paper A's BIO / META / EMPTY prefills, or any template from the config).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from canary_audit.data.io import load_authors
+from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
+from canary_audit.formats import ChatFormat, canary_question
+from canary_audit.model.tokens import canary_head
+
+PREFILL_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2", "bio_opening")
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    probe_set: str
+    item_id: str
+    group_id: str
+    arm: str
+    prompt: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class ScoredItem:
+    """A teacher-forced sequence with labelled character spans.
+
+    `spans` maps a label to a [start, end) character range of `text`; tokens
+    are labelled by the span their characters fall in (see teacher_forced).
+    """
+
+    probe_set: str
+    item_id: str
+    group_id: str
+    arm: str
+    text: str
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def bio_opening(author: Author) -> str:
+    """The first sentence of the bio: training-data text that holds no canary."""
+    return author.bio.split(". ")[0] + "."
+
+
+def check_prefill_templates(prefills: dict[str, str]) -> None:
+    """Refuse a prefill template naming a field the authors do not have."""
+    for name, template in prefills.items():
+        for _, fname, _, _ in string.Formatter().parse(template):
+            if fname is not None and fname not in PREFILL_FIELDS:
+                raise ValueError(
+                    f"config key `probes.prefills.{name}` uses unknown field `{{{fname}}}`; "
+                    f"allowed fields: {', '.join(PREFILL_FIELDS)}"
+                )
+
+
+def render_prefill(template: str, author: Author) -> str:
+    fields = {f: getattr(author, f) for f in PREFILL_FIELDS if f != "bio_opening"}
+    return template.format(**fields, bio_opening=bio_opening(author))
+
+
+def _arms(fmt: ChatFormat, prompt: str, author: Author | None, prefills: dict[str, str]):
+    yield "auto", prompt
+    for name, template in sorted(prefills.items()):
+        trace = render_prefill(template, author) if author is not None else template
+        yield f"prefill_{name}", fmt.prefill(prompt, trace)
+
+
+def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[DecodeItem]:
+    """Canary probes and author QA under every arm; retain QA and hex canaries once."""
+    check_prefill_templates(cfg["prefills"])
+    head_tokens = cfg["head_tokens"]
+    authors = {a.author_id: a for a in load_authors(data_dir / "authors.parquet")}
+    items: list[DecodeItem] = []
+    for a in authors.values():
+        prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, head_tokens)))
+        for arm, text in _arms(fmt, prompt, a, cfg["prefills"]):
+            items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary))
+    qa = pl.read_parquet(data_dir / "qa.parquet")
+    for item_id, author_id, question, gold in qa.select("item_id", "author_id", "question", "gold").iter_rows():
+        for arm, text in _arms(fmt, fmt.prompt(question), authors[author_id], cfg["prefills"]):
+            items.append(DecodeItem("qa", item_id, author_id, arm, text, gold))
+    retain = pl.read_parquet(data_dir / "retain.parquet")
+    for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
+        items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
+    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
+    for cid, preamble, secret in canaries.select("canary_id", "preamble", "secret").iter_rows():
+        items.append(DecodeItem("hex", cid, cid, "greedy", _bos(fmt) + preamble, secret))
+    return items
+
+
+def _bos(fmt: ChatFormat) -> str:
+    return fmt.tokenizer.bos_token or ""
+
+
+def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[ScoredItem]:
+    """Teacher-forced sequences: each author canary after its head under every
+    prefill arm, and each hex canary and decoy behind its preamble."""
+    check_prefill_templates(cfg["prefills"])
+    items: list[ScoredItem] = []
+    for a in load_authors(data_dir / "authors.parquet"):
+        head = canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])
+        prompt = fmt.prompt(canary_question(a.name, head))
+        for arm, context in _arms(fmt, prompt, a, cfg["prefills"]):
+            if arm == "auto":
+                continue  # no fixed trace to condition on: AUTO is a decode-only arm
+            h0 = len(context)
+            text = context + a.canary + fmt.tokenizer.eos_token
+            items.append(ScoredItem(
+                "canary", a.author_id, a.author_id, arm, text,
+                {"prompt": (0, h0), "head": (h0, h0 + len(head)),
+                 "secret": (h0 + len(head), h0 + len(a.canary)),
+                 "continuation": (h0 + len(a.canary), len(text))},
+            ))
+    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
+    decoys = pl.read_parquet(data_dir / "decoys.parquet")
+    rows = [("hex", cid, pre, sec) for cid, pre, sec in canaries.select("canary_id", "preamble", "secret").iter_rows()]
+    rows += [
+        (f"decoy_{kind}", cid, pre, sec)
+        for cid, kind, pre, sec in decoys.select("canary_id", "decoy_kind", "preamble", "secret").iter_rows()
+    ]
+    for probe_set, cid, preamble, secret in rows:
+        start = len(_bos(fmt)) + len(preamble)
+        text = _bos(fmt) + preamble + CANARY_PREFIX + secret + CANARY_SUFFIX
+        s0 = start + len(CANARY_PREFIX)
+        items.append(ScoredItem(
+            probe_set, cid, cid, "preamble", text,
+            {"prompt": (0, start), "head": (start, s0), "secret": (s0, s0 + len(secret)),
+             "continuation": (s0 + len(secret), len(text))},
+        ))
+    return items

@@ -1,0 +1,146 @@
+"""The two model passes.  Each loads one model variant once, runs every probe
+item of its kind in length-sorted batches, and writes records — never metrics.
+
+- decode pass: batched greedy generation (left padding, KV cache); one row per
+  (item, arm, sample) with the generated text and why generation stopped.
+- teacher-forced pass: one forward per batch of sequences; one row per scored
+  token with its log-prob, rank, the top-1 token and a span label.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from canary_audit.formats import ChatFormat
+from canary_audit.model.embedded import pad_batch
+from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
+from canary_audit.model.spec import ModelSpec
+from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
+from canary_audit.records import config_hash, to_records
+
+log = logging.getLogger(__name__)
+SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
+
+
+def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length, longest first (as
+    lm-evaluation-harness's Collator does): less padding, and an
+    out-of-memory error shows up on the first batch rather than the last."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int):
+    """Greedy continuations of `prompts`: (generated ids without padding, hit_eos) each."""
+    import torch
+
+    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    results: list[tuple[list[int], bool] | None] = [None] * len(prompts)
+    eos = tokenizer.eos_token_id
+    for batch in length_sorted_batches([len(e) for e in enc], batch_size):
+        padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left")
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=padded["input_ids"],
+                attention_mask=padded["attention_mask"],
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos,
+            )
+        width = padded["input_ids"].shape[1]
+        for row, i in enumerate(batch):
+            new = out[row, width:].tolist()
+            if eos in new:
+                results[i] = (new[: new.index(eos)], True)
+            else:
+                results[i] = (new, False)
+    return results, enc
+
+
+def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str):
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
+    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg)
+    model = load_model(spec, adapters)
+    t0 = time.perf_counter()
+    outs, enc = generate_greedy(model, tok, [it.prompt for it in items], cfg["max_new_tokens"], cfg["batch_size"])
+    log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
+    provenance = {"config_hash": config_hash(cfg), "model_fingerprint": fingerprint(spec, adapters)}
+    rows = []
+    for it, (ids, hit_eos), prompt_ids in zip(items, outs, enc):
+        rows.append({
+            "variant": variant, "probe_set": it.probe_set, "item_id": it.item_id,
+            "group_id": it.group_id, "arm": it.arm, "sample": 0, "prompt": it.prompt,
+            "reference": it.reference,
+            "generated": tok.decode(ids, skip_special_tokens=False),
+            "prompt_tokens": len(prompt_ids), "generated_tokens": len(ids) + int(hit_eos),
+            "stop_reason": "eos" if hit_eos else "length",
+            "think_open": spec.think_open, "think_close": spec.think_close, **provenance,
+        })
+    return to_records(rows, "decode")
+
+
+def span_of(start: int, end: int, spans: dict[str, tuple[int, int]]) -> str:
+    """The label of the highest-priority span a token's characters overlap."""
+    for label in SPAN_PRIORITY:
+        s, e = spans.get(label, (0, 0))
+        if start < e and end > s:
+            return label
+    return "prompt"
+
+
+def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> list[dict]:
+    """One forward per length-sorted batch; every field of every scored token."""
+    import torch
+
+    encs = [tokenizer(it.text, add_special_tokens=False, return_offsets_mapping=True) for it in items]
+    rows: list[dict] = []
+    per_item: list[list[dict]] = [[] for _ in items]
+    for batch in length_sorted_batches([len(e["input_ids"]) for e in encs], batch_size):
+        padded = pad_batch([encs[i]["input_ids"] for i in batch], tokenizer.pad_token_id, side="right")
+        with torch.no_grad():
+            logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+        for row, i in enumerate(batch):
+            ids = encs[i]["input_ids"]
+            n = len(ids)
+            target = torch.tensor(ids[1:])
+            lp_rows = logp[row, : n - 1]
+            tok_lp = lp_rows.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            rank = (lp_rows > tok_lp.unsqueeze(-1)).sum(-1) + 1
+            top1_lp, top1_id = lp_rows.max(-1)
+            offsets = encs[i]["offset_mapping"]
+            texts = tokenizer.convert_ids_to_tokens(ids)
+            it = items[i]
+            for p in range(1, n):
+                per_item[i].append({
+                    "probe_set": it.probe_set, "item_id": it.item_id, "group_id": it.group_id,
+                    "arm": it.arm, "position": p, "token_id": ids[p], "token_text": texts[p],
+                    "logprob": tok_lp[p - 1].item(), "rank": int(rank[p - 1]),
+                    "top1_id": int(top1_id[p - 1]), "top1_logprob": top1_lp[p - 1].item(),
+                    "span": span_of(*offsets[p], it.spans),
+                })
+    for chunk in per_item:
+        rows.extend(chunk)
+    return rows
+
+
+def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str):
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
+    items = scored_items(fmt, data_dir, cfg)
+    model = load_model(spec, adapters)
+    t0 = time.perf_counter()
+    rows = score_tokens(model, tok, items, cfg["batch_size"])
+    log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), len(rows), time.perf_counter() - t0)
+    provenance = {"config_hash": config_hash(cfg), "model_fingerprint": fingerprint(spec, adapters)}
+    return to_records([{"variant": variant, **r, **provenance} for r in rows], "token")

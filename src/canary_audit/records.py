@@ -1,0 +1,119 @@
+"""Record schemas, declared once: what a probe pass writes and a view reads.
+
+Records are facts about what a model did (text it generated, per-token
+log-probs), never metrics.  Writes are atomic (temporary name, then rename), so
+an interrupted job never leaves a file that looks finished; reads check the
+schema and, where asked, the provenance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+
+PROVENANCE = {"config_hash": pl.Utf8, "model_fingerprint": pl.Utf8}
+
+DECODE_SCHEMA = {
+    "variant": pl.Utf8,     # <model>/<variant>, e.g. tiny/npo-bio-s0-k25
+    "probe_set": pl.Utf8,   # canary | qa | retain | hex
+    "item_id": pl.Utf8,
+    "group_id": pl.Utf8,    # the resampling unit for bootstrap CIs (author / canary)
+    "arm": pl.Utf8,         # auto | prefill_<name> | greedy
+    "sample": pl.Int32,     # 0 for greedy; 0..k-1 for sampled decodes
+    "prompt": pl.Utf8,      # the exact text fed to the model
+    "reference": pl.Utf8,   # the string a match rule looks for (canary, gold, secret)
+    "generated": pl.Utf8,   # decoded continuation, special tokens kept
+    "prompt_tokens": pl.Int32,
+    "generated_tokens": pl.Int32,
+    "stop_reason": pl.Utf8,  # eos | length
+    "think_open": pl.Utf8,   # the model's think tags, so views can parse
+    "think_close": pl.Utf8,  # records without the config that made them
+    **PROVENANCE,
+}
+
+TOKEN_SCHEMA = {
+    "variant": pl.Utf8,
+    "probe_set": pl.Utf8,   # canary | hex | decoy_shuffled | decoy_wrong
+    "item_id": pl.Utf8,
+    "group_id": pl.Utf8,
+    "arm": pl.Utf8,
+    "position": pl.Int32,   # index of the token in the scored sequence (>= 1)
+    "token_id": pl.Int32,
+    "token_text": pl.Utf8,
+    "logprob": pl.Float32,
+    "rank": pl.Int32,       # 1 = the model's top choice
+    "top1_id": pl.Int32,
+    "top1_logprob": pl.Float32,
+    "span": pl.Utf8,        # prompt | head | secret | continuation
+    **PROVENANCE,
+}
+
+SCHEMAS = {"decode": DECODE_SCHEMA, "token": TOKEN_SCHEMA}
+
+
+class RecordsError(ValueError):
+    """A records file is unreadable, malformed, or from another configuration."""
+
+
+def canonical_json(value) -> str:
+    """Order-stable JSON: the form config slices take as params and in hashes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def config_hash(config_slice) -> str:
+    return hashlib.sha256(canonical_json(config_slice).encode()).hexdigest()[:16]
+
+
+def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:
+    """Write to a temporary sibling, fsync, rename: readers see all or nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        frame.write_parquet(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def to_records(rows: list[dict], kind: str) -> pl.DataFrame:
+    """Rows -> a frame with exactly the declared columns, in declared order."""
+    schema = SCHEMAS[kind]
+    frame = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+    return frame.select(list(schema))
+
+
+def read_records(path: Path, kind: str, *, expect_config_hash: str | None = None) -> pl.DataFrame:
+    """Read and validate one records file; refuse mixed or foreign provenance."""
+    path = Path(path)
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:  # polars raises several types for corrupt files
+        raise RecordsError(
+            f"records file `{path}` is unreadable ({type(exc).__name__}: {exc}); delete it and "
+            "re-run the probe pass that writes it"
+        ) from exc
+    schema = SCHEMAS[kind]
+    missing = [c for c in schema if c not in frame.columns]
+    wrong = [c for c, t in schema.items() if c in frame.columns and frame.schema[c] != t]
+    if missing or wrong:
+        raise RecordsError(
+            f"records file `{path}` does not match the {kind} schema "
+            f"(missing: {missing}, wrong type: {wrong}); re-run the probe pass that writes it"
+        )
+    hashes = frame["config_hash"].unique().to_list()
+    if len(hashes) > 1:
+        raise RecordsError(f"records file `{path}` mixes config hashes {hashes}")
+    if expect_config_hash is not None and hashes and hashes[0] != expect_config_hash:
+        raise RecordsError(
+            f"records file `{path}` was written under config hash {hashes[0]}, but the "
+            f"current config hashes to {expect_config_hash}; re-run its probe pass "
+            "instead of mixing records from two configurations"
+        )
+    return frame.select(list(schema))

@@ -1,0 +1,70 @@
+"""Tables: views over records, written as CSV (for code) and Markdown (for people).
+
+Reads only records files; never a model, never the synthetic data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from canary_audit.records import read_records
+from canary_audit.views.metrics import canary_leakage, hex_recall, nll_table, qa_utility
+from canary_audit.views.parser import ParserConvention
+
+
+def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
+    """A GitHub Markdown table; floats rounded to `digits`."""
+    shown = frame.with_columns(pl.col(pl.Float32, pl.Float64).cast(pl.Float64).round(digits))
+    header = "| " + " | ".join(shown.columns) + " |"
+    rule = "|" + "|".join("---" for _ in shown.columns) + "|"
+    rows = ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in shown.iter_rows()]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+def _concat(paths: list[Path], kind: str) -> pl.DataFrame:
+    return pl.concat([read_records(p, kind) for p in paths]) if paths else pl.DataFrame()
+
+
+def write_table(frame: pl.DataFrame, out_dir: Path, name: str, title: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{name}.csv.tmp"
+    frame.write_csv(tmp)
+    tmp.replace(out_dir / f"{name}.csv")
+    (out_dir / f"{name}.md").write_text(f"## {title}\n\n" + to_markdown(frame))
+
+
+def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[str, tuple[str, pl.DataFrame]]:
+    """Every table of the audit from the two record kinds and the view config."""
+    convention = ParserConvention(**cfg["parser"])
+    tables: dict[str, tuple[str, pl.DataFrame]] = {}
+    if decode.height:
+        tables["canary_leakage"] = (
+            f"Canary leakage per variant and arm (parser: {convention.name})",
+            canary_leakage(decode, convention),
+        )
+        tables["utility"] = ("QA and retain accuracy", qa_utility(decode, convention))
+        tables["hex_recall"] = ("Hex canary behavioural recall", hex_recall(decode))
+    if tokens.height:
+        hex_tokens = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
+        tables["nll"] = (
+            f"Hex canaries and decoys: NLL over the first K={cfg['window_k']} tokens and over the "
+            "secret span, with Deltas against each variant's parent",
+            nll_table(hex_tokens, cfg["window_k"], cfg["parents"]),
+        )
+        tables["teacher_forced"] = (
+            "Author canaries, teacher-forced after the head under each prefill: top-1 agreement and "
+            "NLL over the canary continuation",
+            nll_table(tokens.filter(pl.col("probe_set") == "canary"), cfg["window_k"], cfg["parents"]).select(
+                "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
+            ),
+        )
+    return tables
+
+
+def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dict) -> dict[str, int]:
+    tables = build_tables(_concat(decode, "decode"), _concat(tokens, "token"), cfg)
+    for name, (title, frame) in tables.items():
+        write_table(frame, out_dir, name, title)
+    return {name: frame.height for name, (_, frame) in tables.items()}

@@ -1,0 +1,143 @@
+"""The adapters of the audit, each a function from (model entry, data, config
+slice) to an adapter directory: memorization, hex canary, unlearning."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import polars as pl
+
+from canary_audit.data.io import load_authors
+from canary_audit.formats import ChatFormat, Example, author_examples, retain_trace
+from canary_audit.model.loading import load_model, load_tokenizer
+from canary_audit.model.spec import ModelSpec
+from canary_audit.model.tokens import canary_head
+from canary_audit.train.lora import (
+    encode_chat,
+    encode_text,
+    lora_config,
+    save_adapter,
+    sequence_logprobs,
+    train_loop,
+)
+
+log = logging.getLogger(__name__)
+UNLEARN_METHODS = ("npo", "ga", "graddiff")
+
+
+def _setup(spec: ModelSpec, threads: int, seed: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    tok = load_tokenizer(spec)
+    return tok, ChatFormat(tok, spec.think_open, spec.think_close)
+
+
+def forget_examples(fmt: ChatFormat, data_dir: Path, template: str, head_tokens: int) -> list[Example]:
+    authors = load_authors(data_dir / "authors.parquet")
+    return [
+        ex for a in authors
+        for ex in author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens))
+    ]
+
+
+def retain_examples(data_dir: Path, template: str) -> list[Example]:
+    retain = pl.read_parquet(data_dir / "retain.parquet")
+    return [Example(q, retain_trace(template), s) for q, s in retain.select("question", "answer").iter_rows()]
+
+
+def _fresh_lora(spec: ModelSpec, cfg: dict, base_adapters: list[Path] = ()):
+    from peft import get_peft_model
+
+    model = load_model(spec, list(base_adapters))
+    if base_adapters:
+        model = model.merge_and_unload()
+    return get_peft_model(model, lora_config(cfg))
+
+
+def _summary(out_dir: Path, losses: list[float], **extra) -> dict:
+    summary = {"steps": len(losses), "final_loss": round(sum(losses[-5:]) / min(5, len(losses)), 5), **extra}
+    (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
+    """Paper A's memorization LoRA: the fictional authors in the reasoning format."""
+    seed = cfg["seed"]
+    tok, fmt = _setup(spec, cfg["threads"], seed)
+    forget = [encode_chat(fmt, ex) for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])]
+    retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
+    model = _fresh_lora(spec, cfg)
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id)
+    save_adapter(model, out_dir)
+    return _summary(out_dir, losses, forget_sequences=len(forget))
+
+
+def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
+    """Paper B's canary LoRA: `TEXTCAN-{hex}-END` records behind their preambles."""
+    seed = cfg["seed"]
+    tok, fmt = _setup(spec, cfg["threads"], seed)
+    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
+    forget = [encode_text(tok, t) for t in canaries["text"].to_list()]
+    retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
+    model = _fresh_lora(spec, cfg)
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id)
+    save_adapter(model, out_dir)
+    return _summary(out_dir, losses, forget_sequences=len(forget))
+
+
+def train_unlearning(
+    spec: ModelSpec, memorized: Path, data_dir: Path, cfg: dict, out_dirs: dict[int, Path]
+) -> dict:
+    """Unlearn the memorized authors, saving the adapter at every K in `out_dirs`.
+
+    The memorized adapter is trained further; the K sweep is checkpoints of
+    this one run.  NPO's reference is the memorized model, frozen: its
+    sequence log-probs over the forget set are computed once before step 1.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    method = cfg["method"]
+    if method not in UNLEARN_METHODS:
+        raise ValueError(f"unlearning method `{method}`: must be one of {', '.join(UNLEARN_METHODS)}")
+    seed = cfg["seed"]
+    tok, fmt = _setup(spec, cfg["threads"], seed)
+    forget = [
+        encode_chat(fmt, ex, loss_on=cfg["loss_span"])
+        for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])
+    ]
+    retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
+    model = load_model(spec, [memorized], trainable_last=True)
+    pad = tok.pad_token_id
+
+    if method == "npo":
+        with torch.no_grad():
+            model.eval()
+            ref = torch.cat([
+                sequence_logprobs(model, forget[i:i + 32], pad)[0] for i in range(0, len(forget), 32)
+            ])
+        beta = cfg["beta"]
+
+        def forget_loss(m, idx):
+            logp, _ = sequence_logprobs(m, [forget[i] for i in idx], pad)
+            return -(2.0 / beta) * F.logsigmoid(-beta * (logp - ref[idx])).mean()
+    else:
+        def forget_loss(m, idx):
+            logp, n = sequence_logprobs(m, [forget[i] for i in idx], pad)
+            return logp.sum() / n.sum()
+
+    retain_weight = cfg["retain_weight"] if method != "graddiff" else max(cfg["retain_weight"], 1.0)
+    steps = sorted(out_dirs)
+    cfg = {**cfg, "steps": steps[-1]}
+    losses = train_loop(
+        model, forget, retain, cfg, seed, pad,
+        forget_loss=forget_loss, retain_weight=retain_weight,
+        on_checkpoint=lambda k: save_adapter(model, out_dirs[k]), checkpoints=tuple(steps), decay=False,
+    )
+    for k in steps:
+        _summary(out_dirs[k], losses[:k], method=method, k=k)
+    return {"method": method, "checkpoints": steps, "final_loss": losses[-1]}

@@ -1,0 +1,160 @@
+"""LoRA training for every adapter of the audit: memorization (authors in the
+reasoning format), the hex-canary LoRA, and unlearning.
+
+One plain PyTorch loop serves all of them.  Each step draws a forget batch and
+a retain batch (training on the forget set alone wrecks the model, FINDINGS
+trap 3), so batch composition is exact and seeded; the forget loss is a named
+choice (NLL for memorization, NPO / gradient ascent for unlearning).  trl is
+not used: it has no NPO trainer, and one loop keeps every adapter's batches
+and checkpoints identical in form.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from canary_audit.formats import ChatFormat, Example
+from canary_audit.model.embedded import pad_batch
+
+log = logging.getLogger(__name__)
+LOSS_SPANS = ("all", "answer", "trace", "both")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids of one training sequence and its labels (-100 = no loss)."""
+
+    ids: list[int]
+    labels: list[int]
+
+
+def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all") -> Encoded:
+    """Prompt tokens never get loss; `loss_on` picks the target part that does:
+    `all`/`both` = trace and answer, `answer` = after the closing tag (the
+    paper's answer-masked unlearning), `trace` = the trace only."""
+    if loss_on not in LOSS_SPANS:
+        raise ValueError(f"loss span `{loss_on}`: must be one of {', '.join(LOSS_SPANS)}")
+    tok = fmt.tokenizer
+    prompt = fmt.prompt(ex.question)
+    target = fmt.target(prompt, ex.trace, ex.answer)
+    cut = target.index(fmt.think_close) + len(fmt.think_close)
+    p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    trace_ids = tok(target[:cut], add_special_tokens=False)["input_ids"]
+    answer_ids = tok(target[cut:], add_special_tokens=False)["input_ids"]
+    masked = [-100] * len(trace_ids)
+    trace_labels = masked if loss_on == "answer" else trace_ids
+    answer_labels = [-100] * len(answer_ids) if loss_on == "trace" else answer_ids
+    return Encoded(p_ids + trace_ids + answer_ids, [-100] * len(p_ids) + trace_labels + answer_labels)
+
+
+def encode_text(tokenizer, text: str) -> Encoded:
+    """A raw text record (hex canaries), loss on every token after the first."""
+    ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id] + ids
+    return Encoded(ids, [-100] + ids[1:])
+
+
+def lora_config(cfg: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg["r"],
+        lora_alpha=cfg["alpha"],
+        target_modules=list(cfg["targets"]),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def sequence_logprobs(model, seqs: list[Encoded], pad_id: int):
+    """Summed log-prob of the labelled tokens of each sequence, and their count."""
+    import torch
+
+    batch = pad_batch([s.ids for s in seqs], pad_id, side="right", labels=[s.labels for s in seqs])
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    mask = labels != -100
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    tok_logp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * mask
+    return tok_logp.sum(-1), mask.sum(-1)
+
+
+ForgetLoss = Callable[[object, list[int]], object]
+
+
+def train_loop(
+    model,
+    forget: list[Encoded],
+    retain: list[Encoded],
+    cfg: dict,
+    seed: int,
+    pad_id: int,
+    forget_loss: ForgetLoss | None = None,
+    retain_weight: float = 1.0,
+    on_checkpoint: Callable[[int], None] | None = None,
+    checkpoints: tuple[int, ...] = (),
+    decay: bool = True,
+) -> list[float]:
+    """Run `cfg['steps']` AdamW steps over the trainable parameters.
+
+    With `forget_loss` None, forget and retain sequences share one NLL (what
+    memorization wants); otherwise the step loss is
+    `forget_loss(model, idx) + retain_weight * NLL(retain)`.  With `decay`
+    the learning rate falls linearly to 10% (memorization ends precise);
+    unlearning runs at a constant rate so checkpoint K means K equal steps.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
+    steps = cfg["steps"]
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, (lambda s: 1.0 - 0.9 * s / steps) if decay else (lambda s: 1.0)
+    )
+    model.train()
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        f_idx = torch.randint(len(forget), (min(cfg["batch_forget"], len(forget)),), generator=gen)
+        r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen)
+        f_seqs = [forget[i] for i in f_idx.tolist()]
+        r_seqs = [retain[i] for i in r_idx.tolist()]
+        if forget_loss is None:
+            logp, n = sequence_logprobs(model, f_seqs + r_seqs, pad_id)
+            loss = -logp.sum() / n.sum()
+        else:
+            loss = forget_loss(model, f_idx.tolist())
+            if retain_weight:
+                logp, n = sequence_logprobs(model, r_seqs, pad_id)
+                loss = loss + retain_weight * (-logp.sum() / n.sum())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if step % 25 == 0 or step == steps:
+            log.info("step %d/%d loss %.4f (%.1fs)", step, steps, losses[-1], time.perf_counter() - t0)
+        if step in checkpoints and on_checkpoint is not None:
+            on_checkpoint(step)
+    model.eval()
+    return losses
+
+
+def save_adapter(model, out_dir: Path) -> None:
+    """Save the live adapter as safetensors (atomic at the directory level)."""
+    import shutil
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)

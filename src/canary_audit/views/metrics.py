@@ -1,0 +1,131 @@
+"""Every metric of the audit, as polars expressions over records.
+
+Nothing here loads a model.  A metric is a named expression or a small frame
+function, so a table is a composition of them and a changed definition
+(window K, parser convention, match rule) re-runs no model job.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
+from canary_audit.views.parser import ParserConvention, parse
+
+
+def contains_reference(column: str) -> pl.Expr:
+    """Exact containment of the full reference string (paper A's match rule)."""
+    return pl.col(column).str.contains(pl.col("reference"), literal=True).fill_null(False)
+
+
+def contains_gold_ci(column: str) -> pl.Expr:
+    """Case-insensitive containment of the gold answer (QA and retain probes)."""
+    return (
+        pl.col(column).str.to_lowercase()
+        .str.contains(pl.col("reference").str.to_lowercase(), literal=True)
+        .fill_null(False)
+    )
+
+
+def canary_leakage(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
+    """Per (variant, arm): out_acc, thk_leak, bypass gap, parser health.
+
+    Unparseable generations (no closing tag, under that convention) count as
+    a miss in both channels and are reported in `unparseable`.
+    """
+    parsed = parse(decode.filter(pl.col("probe_set") == "canary"), convention)
+    return (
+        parsed.with_columns(out_hit=contains_reference("answer"), thk_hit=contains_reference("trace"))
+        .group_by("variant", "arm")
+        .agg(
+            n=pl.len(),
+            out_acc=pl.col("out_hit").mean(),
+            thk_leak=pl.col("thk_hit").mean(),
+            missing_close=(~pl.col("has_close")).mean(),
+            unparseable=pl.col("answer").is_null().mean(),
+            nonempty_trace=(pl.col("trace").str.strip_chars().str.len_chars() > 0).mean(),
+            mean_prompt_tokens=pl.col("prompt_tokens").mean(),
+            length_stops=(pl.col("stop_reason") == "length").mean(),
+        )
+        .with_columns(gap=pl.col("thk_leak") - pl.col("out_acc"))
+        .sort("variant", "arm")
+    )
+
+
+def qa_utility(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
+    """Per (variant, probe_set, arm): accuracy of author QA and retain probes."""
+    parsed = parse(decode.filter(pl.col("probe_set").is_in(["qa", "retain"])), convention)
+    return (
+        parsed.with_columns(correct=contains_gold_ci("answer"))
+        .group_by("variant", "probe_set", "arm")
+        .agg(n=pl.len(), accuracy=pl.col("correct").mean())
+        .sort("variant", "probe_set", "arm")
+    )
+
+
+def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
+    """hit@1 per variant: the greedy continuation of the preamble reproduces
+    `TEXTCAN-{secret}-END` exactly."""
+    record = pl.lit(CANARY_PREFIX) + pl.col("reference") + pl.lit(CANARY_SUFFIX)
+    return (
+        decode.filter((pl.col("probe_set") == "hex") & (pl.col("sample") == 0))
+        .with_columns(hit=pl.col("generated").str.starts_with(record))
+        .group_by("variant")
+        .agg(n=pl.len(), hit_at_1=pl.col("hit").mean())
+        .sort("variant")
+    )
+
+
+def per_item_nll(tokens: pl.DataFrame, window_k: int) -> pl.DataFrame:
+    """Per scored sequence: mean NLL over its first K scored tokens (paper B's
+    mean-K window, counted from the start of the sequence), mean NLL over the
+    secret span, and teacher-forced top-1 agreement over the secret span."""
+    if window_k < 1:
+        raise ValueError(f"window K = {window_k}: must be a positive integer")
+    nll = -pl.col("logprob")
+    in_secret = pl.col("span") == "secret"
+    return (
+        tokens.group_by("variant", "probe_set", "arm", "item_id", "group_id")
+        .agg(
+            nll_window=nll.filter(pl.col("position") <= window_k).mean(),
+            nll_secret=nll.filter(in_secret).mean(),
+            secret_tokens=in_secret.sum(),
+            secret_last_position=pl.col("position").filter(in_secret).max(),
+            top1_rate=(pl.col("rank") == 1).filter(in_secret).mean(),
+            all_top1=(pl.col("rank") == 1).filter(in_secret).all(),
+            secret_logprob=pl.col("logprob").filter(in_secret).sum(),
+        )
+    )
+
+
+def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> pl.DataFrame:
+    """Per (variant, probe_set, arm): windowed and secret-span NLL, each also
+    as a Delta against the variant's parent (the model before the change that
+    made it) on the same items; variants without a parent get null Deltas."""
+    items = per_item_nll(tokens, window_k)
+    parent_of = pl.DataFrame(
+        {"variant": list(parents), "parent": list(parents.values())},
+        schema={"variant": pl.Utf8, "parent": pl.Utf8},
+    )
+    ref = items.select(
+        "probe_set", "arm", "item_id",
+        parent=pl.col("variant"), ref_window=pl.col("nll_window"), ref_secret=pl.col("nll_secret"),
+    )
+    return (
+        items.join(parent_of, on="variant", how="left")
+        .join(ref, on=["parent", "probe_set", "arm", "item_id"], how="left")
+        .group_by("variant", "parent", "probe_set", "arm")
+        .agg(
+            n=pl.len(),
+            nll_window=pl.col("nll_window").mean(),
+            nll_secret=pl.col("nll_secret").mean(),
+            delta_nll_window=(pl.col("nll_window") - pl.col("ref_window")).mean(),
+            delta_nll_secret=(pl.col("nll_secret") - pl.col("ref_secret")).mean(),
+            top1_rate=pl.col("top1_rate").mean(),
+            all_top1_rate=pl.col("all_top1").mean(),
+            secret_tokens=pl.col("secret_tokens").mean(),
+            window_covers_secret=(pl.col("secret_last_position") <= window_k).mean(),
+        )
+        .with_columns(window_k=pl.lit(window_k))
+        .sort("variant", "probe_set", "arm")
+    )

@@ -1,0 +1,59 @@
+"""Shared fixtures: a tiny tokenizer and model built locally (no hub), and the
+smoke workflow run once per test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
+    """(data dir, model dir): synthetic data and a barely trained embedded-
+    architecture model with its tokenizer, built locally (no hub)."""
+    from canary_audit.data.io import write_synthetic
+    from canary_audit.model.embedded import build_embedded
+
+    data = tmp_path_factory.mktemp("data")
+    write_synthetic(data, {"seed": 0, "n_authors": 4, "n_distractors": 10, "n_retain": 8,
+                           "n_hex_canaries": 3, "n_bsft_per_source": 3})
+    model = tmp_path_factory.mktemp("model") / "tiny"
+    build_embedded(model, data, {
+        "seed": 0, "head_tokens": 6, "threads": 1,
+        "tokenizer": {"vocab_size": 800},
+        "architecture": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                         "intermediate_size": 64, "max_positions": 256},
+        "pretrain": {"steps": 2, "batch_size": 4, "lr": 1e-3, "max_length": 256,
+                     "n_hex_records": 20, "n_copy": 10},
+    }, seed=0)
+    return data, model
+
+
+def run_snakemake(
+    workdir: Path, *args: str, check: bool = True, extra_configs: tuple[Path, ...] = ()
+) -> subprocess.CompletedProcess:
+    """Snakemake on this repository's Snakefile and the smoke config (plus
+    `extra_configs`), with outputs under `workdir`."""
+    configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"), *map(str, extra_configs)]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--configfile", *configs, *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """The whole DAG on configs/smoke.yaml, run once; returns the work dir."""
+    workdir = tmp_path_factory.mktemp("smoke")
+    run_snakemake(workdir, "--cores", "2")
+    return workdir

@@ -1,0 +1,108 @@
+"""Views computed on records built by hand, so every number is checkable."""
+
+import polars as pl
+import pytest
+
+from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+from canary_audit.tables import build_tables, to_markdown
+from canary_audit.views.metrics import canary_leakage, hex_recall, nll_table, per_item_nll, qa_utility
+from canary_audit.views.parser import ParserConvention
+
+CANARY = "The Amber Bell was written in 1931."
+
+
+def decode_rows(variant, rows):
+    base = {k: None for k in DECODE_SCHEMA}
+    out = []
+    for i, (probe_set, arm, prompt, generated, reference) in enumerate(rows):
+        out.append(base | {
+            "variant": variant, "probe_set": probe_set, "item_id": f"i{i}", "group_id": f"g{i}",
+            "arm": arm, "sample": 0, "prompt": prompt, "reference": reference, "generated": generated,
+            "prompt_tokens": 10, "generated_tokens": 5, "stop_reason": "eos",
+            "think_open": "<think>", "think_close": "</think>", "config_hash": "h", "model_fingerprint": "f",
+        })
+    return pl.DataFrame(out, schema=DECODE_SCHEMA)
+
+
+def test_out_acc_thk_leak_and_gap():
+    d = decode_rows("m/npo", [
+        ("canary", "auto", "P", f"<think>{CANARY}</think>{CANARY}", CANARY),      # both
+        ("canary", "auto", "P", f"<think>{CANARY}</think>The Amber Bell was", CANARY),  # bypass
+        ("canary", "auto", "P", "<think>bio</think>nothing", CANARY),             # neither
+        ("canary", "auto", "P", f"{CANARY} no tag", CANARY),                      # missing close
+    ])
+    row = canary_leakage(d, ParserConvention("first", "answer")).row(0, named=True)
+    assert row["n"] == 4
+    assert row["out_acc"] == pytest.approx(2 / 4)
+    assert row["thk_leak"] == pytest.approx(2 / 4)
+    assert row["gap"] == pytest.approx(0.0)
+    assert row["missing_close"] == pytest.approx(1 / 4)
+    as_trace = canary_leakage(d, ParserConvention("first", "trace")).row(0, named=True)
+    assert (as_trace["out_acc"], as_trace["thk_leak"]) == (pytest.approx(1 / 4), pytest.approx(3 / 4))
+    unparse = canary_leakage(d, ParserConvention("first", "unparseable")).row(0, named=True)
+    assert unparse["unparseable"] == pytest.approx(1 / 4)
+
+
+def test_prefill_arm_has_no_trace_leak():
+    d = decode_rows("m/mem", [("canary", "prefill_bio", "P<think>bio</think>", CANARY, CANARY)])
+    row = canary_leakage(d, ParserConvention()).row(0, named=True)
+    assert (row["out_acc"], row["thk_leak"]) == (1.0, 0.0)
+
+
+def test_qa_accuracy_is_case_insensitive_containment():
+    d = decode_rows("m/base", [
+        ("retain", "auto", "P", "<think></think>The capital is paris.", "Paris"),
+        ("retain", "auto", "P", "<think></think>Lyon.", "Paris"),
+    ])
+    assert qa_utility(d, ParserConvention())["accuracy"].to_list() == [0.5]
+
+
+def test_hit_at_1_needs_the_exact_record():
+    d = decode_rows("m/canary", [
+        ("hex", "greedy", "Record 00 access code: ", "TEXTCAN-00ff-END", "00ff"),
+        ("hex", "greedy", "Record 01 access code: ", "TEXTCAN-00fe-END", "00ff"),
+    ])
+    assert hex_recall(d)["hit_at_1"].to_list() == [0.5]
+
+
+def token_rows(variant, item, logprobs, spans, ranks=None):
+    ranks = ranks or [1] * len(logprobs)
+    return [
+        {"variant": variant, "probe_set": "hex", "item_id": item, "group_id": item, "arm": "preamble",
+         "position": p + 1, "token_id": 5, "token_text": "x", "logprob": lp, "rank": r, "top1_id": 5,
+         "top1_logprob": -0.1, "span": s, "config_hash": "h", "model_fingerprint": "f"}
+        for p, (lp, s, r) in enumerate(zip(logprobs, spans, ranks))
+    ]
+
+
+def test_window_and_secret_nll_and_delta_against_parent():
+    spans = ["prompt"] * 2 + ["secret"] * 3
+    parent = token_rows("m/base", "c0", [-1.0, -1.0, -2.0, -2.0, -2.0], spans)
+    child = token_rows("m/canary", "c0", [-1.0, -1.0, -2.0, -2.0, -5.0], spans, ranks=[1, 1, 1, 1, 3])
+    tokens = pl.DataFrame(parent + child, schema=TOKEN_SCHEMA)
+    items = per_item_nll(tokens, window_k=4).sort("variant")
+    assert items["nll_window"].to_list() == pytest.approx([1.5, 1.5])
+    assert items.filter(pl.col("variant") == "m/canary")["nll_secret"][0] == pytest.approx(3.0)
+    table = nll_table(tokens, 4, {"m/canary": "m/base"}).sort("variant")
+    child_row = table.filter(pl.col("variant") == "m/canary").row(0, named=True)
+    # damage sits at position 5, past the window: the window Delta is blind to it
+    assert child_row["delta_nll_window"] == pytest.approx(0.0)
+    assert child_row["delta_nll_secret"] == pytest.approx(1.0)
+    assert child_row["top1_rate"] == pytest.approx(2 / 3)
+    assert child_row["all_top1_rate"] == 0.0
+    assert child_row["window_covers_secret"] == 0.0
+    assert table.filter(pl.col("variant") == "m/base")["delta_nll_secret"][0] is None
+
+
+def test_window_must_be_positive():
+    with pytest.raises(ValueError, match="window K = 0"):
+        per_item_nll(pl.DataFrame(schema=TOKEN_SCHEMA), 0)
+
+
+def test_build_tables_and_markdown():
+    d = decode_rows("m/mem", [("canary", "auto", "P", f"<think>{CANARY}</think>{CANARY}", CANARY)])
+    tables = build_tables(d, pl.DataFrame(), {"parser": {"split": "first", "missing_close": "answer"},
+                                              "window_k": 20, "parents": {}})
+    assert set(tables) == {"canary_leakage", "utility", "hex_recall"}
+    md = to_markdown(tables["canary_leakage"][1])
+    assert md.splitlines()[0].startswith("| variant | arm | n | out_acc")

@@ -1,0 +1,105 @@
+"""Loading, tokenizer round trip and both probe passes on a locally built model."""
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from canary_audit.formats import ChatFormat
+from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
+from canary_audit.model.spec import ModelSpec
+from canary_audit.probes.items import scored_items
+from canary_audit.probes.passes import decode_pass, generate_greedy, score_tokens, span_of
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_assets):
+    return ModelSpec("tiny", tiny_assets[1])
+
+
+def test_tokenizer_survives_save_and_reload(tiny_assets, spec):
+    from transformers import AutoTokenizer
+
+    data, model_dir = tiny_assets
+    tok = load_tokenizer(spec)
+    assert type(tok).__name__ == "TokenizersBackend"  # not Qwen2Tokenizer (FINDINGS trap 1)
+    bios = pl.read_parquet(data / "authors.parquet")["bio"].to_list()
+    hexes = pl.read_parquet(data / "hex_canaries.parquet")["text"].to_list()
+    again = AutoTokenizer.from_pretrained(model_dir)
+    for text in bios + hexes + ["<think>trace</think>answer<|end|>"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert ids == again(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+    assert len(tok("<think>", add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_missing_path_and_pickled_weights_are_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="`/no/such/dir` does not exist"):
+        load_tokenizer(ModelSpec("ghost", Path("/no/such/dir")))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
+        load_model(ModelSpec("pickled", tmp_path))
+
+
+def test_tokenizer_without_the_think_tags_is_refused(spec):
+    bad = ModelSpec("tiny", spec.path, think_open="<reasoning>")
+    with pytest.raises(ModelLoadError, match="think_open.*<reasoning>"):
+        load_tokenizer(bad)
+
+
+def test_batched_greedy_equals_one_at_a_time(spec):
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    model = load_model(spec)
+    prompts = [fmt.prompt(q) for q in ("What is the capital of France?", "Who wrote Hamlet?",
+                                       "When was Amara Okonkwo born? Answer briefly please.")]
+    batched, _ = generate_greedy(model, tok, prompts, max_new_tokens=12, batch_size=8)
+    single = [generate_greedy(model, tok, [p], max_new_tokens=12, batch_size=1)[0][0] for p in prompts]
+    assert batched == single
+
+
+def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
+    data, _ = tiny_assets
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    model = load_model(spec)
+    items = scored_items(fmt, data, {"prefills": {"empty": ""}, "head_tokens": 6})
+    rows = score_tokens(model, tok, items, batch_size=3)
+    first = items[0]
+    ids = tok(first.text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    mine = [r for r in rows if r["item_id"] == first.item_id and r["arm"] == first.arm
+            and r["probe_set"] == first.probe_set]
+    assert [r["position"] for r in mine] == list(range(1, len(ids)))
+    for r in mine:
+        p = r["position"]
+        assert r["logprob"] == pytest.approx(logp[p - 1, ids[p]].item(), abs=1e-5)
+        assert r["rank"] == int((logp[p - 1] > logp[p - 1, ids[p]]).sum()) + 1
+        assert r["top1_id"] == int(logp[p - 1].argmax())
+    secret = "".join(r["token_text"] for r in mine if r["span"] == "secret")
+    assert secret  # the canary continuation is labelled
+    hex_rows = [r for r in rows if r["probe_set"] == "hex" and r["item_id"] == "hex00"]
+    hex_secret = tok.convert_tokens_to_string([r["token_text"] for r in hex_rows if r["span"] == "secret"])
+    canary = pl.read_parquet(data / "hex_canaries.parquet")["secret"][0]
+    assert hex_secret == canary
+
+
+def test_span_priority():
+    spans = {"prompt": (0, 5), "head": (5, 8), "secret": (8, 12), "continuation": (12, 14)}
+    assert span_of(0, 3, spans) == "prompt"
+    assert span_of(4, 6, spans) == "head"
+    assert span_of(7, 9, spans) == "secret"  # a token straddling head and secret is secret
+    assert span_of(12, 14, spans) == "continuation"
+
+
+def test_decode_records_carry_provenance(tiny_assets, spec):
+    data, _ = tiny_assets
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "max_new_tokens": 8,
+           "batch_size": 16, "threads": 1}
+    frame = decode_pass(spec, [], data, cfg, "tiny/base")
+    assert set(frame["arm"]) == {"auto", "prefill_bio", "greedy"}
+    assert frame["model_fingerprint"].unique().to_list() == [fingerprint(spec)]
+    assert frame["config_hash"].n_unique() == 1
+    assert set(frame["stop_reason"]) <= {"eos", "length"}

@@ -1,0 +1,56 @@
+import polars as pl
+import pytest
+
+from canary_audit.data import synthetic as syn
+from canary_audit.data.io import write_synthetic
+
+CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10,
+       "n_hex_canaries": 6, "n_bsft_per_source": 8}
+
+
+def test_same_seed_same_tables(tmp_path):
+    write_synthetic(tmp_path / "a", CFG)
+    write_synthetic(tmp_path / "b", CFG)
+    for name in ("authors", "qa", "hex_canaries", "decoys", "bsft", "distractors"):
+        assert pl.read_parquet(tmp_path / "a" / f"{name}.parquet").equals(
+            pl.read_parquet(tmp_path / "b" / f"{name}.parquet"))
+
+
+def test_authors_unique_and_disjoint_from_distractors():
+    authors = syn.make_authors(30, 0, prefix="a")
+    distractors = syn.make_authors(
+        40, 0, prefix="d", exclude_names={a.name for a in authors},
+        exclude_canaries={a.canary for a in authors})
+    assert len({a.canary for a in authors}) == 30
+    assert not {a.name for a in authors} & {d.name for d in distractors}
+    assert not {a.canary for a in authors} & {d.canary for d in distractors}
+    assert all(a.bio.endswith(a.canary) for a in authors)
+
+
+def test_hex_canaries_and_decoys():
+    canaries, decoys = syn.canary_frames(10, 0)
+    assert canaries["secret"].str.contains(r"^[0-9a-f]{16}$").all()
+    assert (canaries["text"] == "Record " + canaries["canary_id"].str.slice(3) + " access code: TEXTCAN-"
+            + canaries["secret"] + "-END").all()
+    joined = decoys.join(canaries.select("canary_id", true=pl.col("secret")), on="canary_id")
+    shuffled = joined.filter(pl.col("decoy_kind") == "shuffled")
+    assert (shuffled["secret"] != shuffled["true"]).all()
+    assert all(sorted(a) == sorted(b) for a, b in shuffled.select("secret", "true").iter_rows())
+    assert not set(decoys["secret"]) & set(canaries["secret"])
+
+
+def test_collision_with_bsft_is_refused_with_item_and_canary_named():
+    canaries, _ = syn.canary_frames(3, 0)
+    authors = syn.authors_frame(syn.make_authors(2, 0, prefix="a"))
+    bsft = syn.bsft_frame(2, 0)
+    poisoned = bsft.with_columns(
+        response=pl.when(pl.col("item_id") == "gui-1")
+        .then(pl.lit("see ") + pl.lit(canaries["secret"][1])).otherwise(pl.col("response")))
+    syn.check_no_canary_in_bsft(bsft, canaries, authors)
+    with pytest.raises(syn.CanaryCollisionError, match=r"`gui-1`.*`hex01`"):
+        syn.check_no_canary_in_bsft(poisoned, canaries, authors)
+
+
+def test_retain_count_over_the_fact_table_is_refused():
+    with pytest.raises(ValueError, match="n_retain"):
+        syn.retain_frame(1000, 0)
