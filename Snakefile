@@ -15,6 +15,6 @@ include: "rules/tables.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand(f"{R}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md"]),
-    default_target: True

@@ -46,7 +46,10 @@ def main() -> int:
     configs = [str(ROOT / "workflow_config.yaml"), *[str(Path(c).resolve()) for c in args.config]]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", *configs, "--cores", args.cores, "--quiet"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    # Jobs run `python -m canary_audit`: the interpreter running this must be
+    # the one on PATH, with the package importable.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0

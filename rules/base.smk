@@ -8,20 +8,23 @@ rule embedded_base:
     output:
         model=directory(f"{R}/models/{{model}}/base"),
         summary=f"{R}/models/{{model}}/base.json",
-    params:
-        cfg=lambda w: canonical(
-            {**config["models"][w.model]["build"], "head_tokens": config["data"]["head_tokens"]}
-        ),
-        data=f"{R}/data",
-    wildcard_constraints:
-        model="|".join(embedded_models()) or "^$",
-    threads: config["threads"]["base"]
-    conda:
-        ENV
     log:
         f"{R}/logs/{{model}}/embedded_base.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/embedded_base.tsv",
+        f"{R}/benchmarks/{{model}}/embedded_base.tsv"
+    wildcard_constraints:
+        model="|".join(embedded_models()) or "^$",
+    conda:
+        ENV
+    threads: config["threads"]["base"]
+    params:
+        cfg=lambda w: canonical(
+            {
+                **config["models"][w.model]["build"],
+                "head_tokens": config["data"]["head_tokens"],
+            }
+        ),
+        data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "{CLI} base --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit base --params {params.cfg:q} --data {params.data} "
         "--out {output.model} --summary {output.summary} --threads {threads} > {log} 2>&1"

@@ -8,14 +8,9 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-
 validate(config, "../schemas/config.schema.yaml")
 
 R = config["results"]
-# Rules run the library from this checkout, installed or not (a conda env
-# built by --software-deployment-method conda holds only the dependencies).
-SRC = str(Path(workflow.basedir) / "src")
-CLI = f'PYTHONPATH="{SRC}${{PYTHONPATH:+:$PYTHONPATH}}" python -m canary_audit'
 ENV = "../envs/canary-audit.yaml"
 DATA_TABLES = [
     "authors",
@@ -27,7 +22,13 @@ DATA_TABLES = [
     "distractors",
     "pretrain_bsft",
 ]
-MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code")
+MODEL_KEYS = (
+    "dtype",
+    "think_open",
+    "think_close",
+    "chat_template",
+    "trust_remote_code",
+)
 
 
 def canonical(value):
@@ -65,7 +66,15 @@ def check_config():
             fail(f"model `{name}`: `{path}` holds no *.safetensors weights")
         check_think_tags(name, entry, path)
     prefills = config["probes"]["prefills"]
-    allowed = ("name", "birth_year", "birth_city", "genre", "title1", "title2", "bio_opening")
+    allowed = (
+        "name",
+        "birth_year",
+        "birth_city",
+        "genre",
+        "title1",
+        "title2",
+        "bio_opening",
+    )
     import string
 
     for arm, template in prefills.items():
@@ -78,7 +87,8 @@ def check_config():
 
 
 def check_think_tags(name, entry, path):
-    """A think tag the tokenizer cannot represent as given breaks the parser."""
+    """Each think tag must be one token of the model's vocabulary (a tag that
+    splits into pieces is not the tag the model was trained with)."""
     tokenizer_file = path / "tokenizer.json"
     if not tokenizer_file.is_file():
         fail(f"model `{name}`: `{path}` has no tokenizer.json")
@@ -87,11 +97,11 @@ def check_think_tags(name, entry, path):
     tok = Tokenizer.from_file(str(tokenizer_file))
     for key in ("think_open", "think_close"):
         tag = entry[key]
-        back = tok.decode(tok.encode(tag, add_special_tokens=False).ids, skip_special_tokens=False)
-        if back != tag:
+        pieces = tok.encode(tag, add_special_tokens=False).tokens
+        if len(pieces) != 1:
             fail(
-                f"model `{name}`: think tag `{key}` = {tag!r} does not round-trip through its "
-                f"tokenizer (decodes to {back!r}); set `models.{name}.{key}` to the model's tag"
+                f"model `{name}`: think tag `{key}` = {tag!r} is not a single token of its "
+                f"tokenizer (it splits into {pieces}); set `models.{name}.{key}` to the model's tag"
             )
 
 
@@ -184,3 +194,23 @@ def parents():
 
 
 TABLES = ["canary_leakage", "utility", "hex_recall", "nll", "teacher_forced"]
+
+
+def unlearn_outputs(wildcards=None):
+    return [
+        directory(adapter_dir("{model}", f"{{method}}-{{template}}-s{{seed}}-k{k}"))
+        for k in config["unlearn"]["k"]
+    ]
+
+
+def probe_params(kind):
+    def slice_(wildcards):
+        return canonical(
+            {
+                **config["probes"][kind],
+                "prefills": config["probes"]["prefills"],
+                "head_tokens": config["data"]["head_tokens"],
+            }
+        )
+
+    return slice_

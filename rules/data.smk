@@ -5,14 +5,14 @@
 rule synthetic_data:
     output:
         data_files(),
-    params:
-        cfg=canonical(config["data"]),
-        out=f"{R}/data",
-    conda:
-        ENV
     log:
         f"{R}/logs/synthetic_data.log",
     benchmark:
-        f"{R}/benchmarks/synthetic_data.tsv",
+        f"{R}/benchmarks/synthetic_data.tsv"
+    conda:
+        ENV
+    params:
+        cfg=canonical(config["data"]),
+        out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "{CLI} data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+        "python -m canary_audit data --params {params.cfg:q} --out {params.out} > {log} 2>&1"

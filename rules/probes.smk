@@ -2,19 +2,6 @@
 # loads the variant once and runs every item of its kind, writing records.
 
 
-def probe_params(kind):
-    def slice_(wildcards):
-        return canonical(
-            {
-                **config["probes"][kind],
-                "prefills": config["probes"]["prefills"],
-                "head_tokens": config["data"]["head_tokens"],
-            }
-        )
-
-    return slice_
-
-
 rule decode_pass:
     input:
         data_files(),
@@ -23,19 +10,19 @@ rule decode_pass:
         manifest=f"{R}/variants/{{model}}/{{variant}}.json",
     output:
         f"{R}/records/{{model}}/{{variant}}/decode.parquet",
-    params:
-        cfg=probe_params("decode"),
-        model=model_json,
-        data=f"{R}/data",
-    threads: config["threads"]["probe"]
-    conda:
-        ENV
     log:
         f"{R}/logs/{{model}}/decode-{{variant}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/decode-{{variant}}.tsv",
+        f"{R}/benchmarks/{{model}}/decode-{{variant}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["probe"]
+    params:
+        cfg=probe_params("decode"),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "{CLI} decode --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit decode --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --variant-manifest {input.manifest} --out {output} "
         "--threads {threads} > {log} 2>&1"
 
@@ -48,18 +35,18 @@ rule teacher_forced_pass:
         manifest=f"{R}/variants/{{model}}/{{variant}}.json",
     output:
         f"{R}/records/{{model}}/{{variant}}/token.parquet",
-    params:
-        cfg=probe_params("teacher_forced"),
-        model=model_json,
-        data=f"{R}/data",
-    threads: config["threads"]["probe"]
-    conda:
-        ENV
     log:
         f"{R}/logs/{{model}}/score-{{variant}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/score-{{variant}}.tsv",
+        f"{R}/benchmarks/{{model}}/score-{{variant}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["probe"]
+    params:
+        cfg=probe_params("teacher_forced"),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "{CLI} score --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit score --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --variant-manifest {input.manifest} --out {output} "
         "--threads {threads} > {log} 2>&1"

@@ -8,15 +8,15 @@ rule tables:
         tokens=all_records("token"),
     output:
         expand(f"{R}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md"]),
-    params:
-        cfg=canonical({**config["tables"], "parents": parents()}),
-        out=f"{R}/tables",
-    conda:
-        ENV
     log:
         f"{R}/logs/tables.log",
     benchmark:
-        f"{R}/benchmarks/tables.tsv",
+        f"{R}/benchmarks/tables.tsv"
+    conda:
+        ENV
+    params:
+        cfg=canonical({**config["tables"], "parents": parents()}),
+        out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "{CLI} tables --params {params.cfg:q} --decode {input.decode} "
+        "python -m canary_audit tables --params {params.cfg:q} --decode {input.decode} "
         "--tokens {input.tokens} --out {params.out} > {log} 2>&1"

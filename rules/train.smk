@@ -8,6 +8,13 @@ rule memorize:
         base_input,
     output:
         directory(adapter_dir("{model}", "mem-{template}-s{seed}")),
+    log:
+        f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/memorize-{{template}}-s{{seed}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["train"]
     params:
         cfg=lambda w: canonical(
             {
@@ -18,16 +25,9 @@ rule memorize:
             }
         ),
         model=model_json,
-        data=f"{R}/data",
-    threads: config["threads"]["train"]
-    conda:
-        ENV
-    log:
-        f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/memorize-{{template}}-s{{seed}}.tsv",
+        data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "{CLI} memorize --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit memorize --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
@@ -37,27 +37,20 @@ rule canary_lora:
         base_input,
     output:
         directory(adapter_dir("{model}", "canary-s{seed}")),
-    params:
-        cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
-        model=model_json,
-        data=f"{R}/data",
-    threads: config["threads"]["train"]
-    conda:
-        ENV
     log:
         f"{R}/logs/{{model}}/canary-s{{seed}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/canary-s{{seed}}.tsv",
+        f"{R}/benchmarks/{{model}}/canary-s{{seed}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    params:
+        cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "{CLI} canary --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit canary --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
-
-
-def unlearn_outputs(wildcards=None):
-    return [
-        directory(adapter_dir("{model}", f"{{method}}-{{template}}-s{{seed}}-k{k}"))
-        for k in config["unlearn"]["k"]
-    ]
 
 
 rule unlearn:
@@ -67,6 +60,13 @@ rule unlearn:
         memorized=adapter_dir("{model}", "mem-{template}-s{seed}"),
     output:
         unlearn_outputs(),
+    log:
+        f"{R}/logs/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["train"]
     params:
         cfg=lambda w: canonical(
             {
@@ -78,18 +78,11 @@ rule unlearn:
             }
         ),
         model=model_json,
-        data=f"{R}/data",
+        data=lambda w, input: str(Path(input[0]).parent),
         outs=lambda w, output: " ".join(
             f"{k}={path}" for k, path in zip(config["unlearn"]["k"], output)
         ),
-    threads: config["threads"]["train"]
-    conda:
-        ENV
-    log:
-        f"{R}/logs/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.tsv",
     shell:
-        "{CLI} unlearn --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit unlearn --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --adapter {input.memorized} --out {params.outs} "
         "--threads {threads} > {log} 2>&1"

@@ -9,15 +9,15 @@ rule variant_manifest:
         variant_adapters,
     output:
         f"{R}/variants/{{model}}/{{variant}}.json",
-    params:
-        model=model_json,
-        adapters=lambda w: " ".join(variant_adapters(w)),
-    conda:
-        ENV
     log:
         f"{R}/logs/{{model}}/variant-{{variant}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/variant-{{variant}}.tsv",
+        f"{R}/benchmarks/{{model}}/variant-{{variant}}.tsv"
+    conda:
+        ENV
+    params:
+        model=model_json,
+        adapters=lambda w: " ".join(variant_adapters(w)),
     shell:
-        "{CLI} variant --model {params.model:q} --variant {wildcards.variant} "
+        "python -m canary_audit variant --model {params.model:q} --variant {wildcards.variant} "
         "--adapters {params.adapters} --out {output} > {log} 2>&1"

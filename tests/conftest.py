@@ -44,7 +44,10 @@ def run_snakemake(
     configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"), *map(str, extra_configs)]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", *configs, *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    # Jobs run `python -m canary_audit`: the interpreter running this must be
+    # the one on PATH, with the package importable.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")

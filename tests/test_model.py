@@ -44,7 +44,7 @@ def test_missing_path_and_pickled_weights_are_refused(tmp_path):
 
 def test_tokenizer_without_the_think_tags_is_refused(spec):
     bad = ModelSpec("tiny", spec.path, think_open="<reasoning>")
-    with pytest.raises(ModelLoadError, match="think_open.*<reasoning>"):
+    with pytest.raises(ModelLoadError, match="think_open.*<reasoning>.*not a single token"):
         load_tokenizer(bad)
 
 

@@ -28,6 +28,7 @@ from canary_audit.formats import (
 log = logging.getLogger(__name__)
 YEARS = range(1890, 2000)
 RETAIN_REPEATS = 4
+ROSTER_LEN = 110  # >= the longest pool, so the roster holds every pool entry
 
 USER, ASSISTANT, END, PAD = "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -114,6 +115,13 @@ def pretraining_texts(
     texts += [f"{n} is a name, and so is {n}.{eos}" for n in pools.FIRST_NAMES + pools.LAST_NAMES]
     texts += [f"{c} is a city.{eos}" for c in pools.CITIES]
     texts += [f"{name} writes {g}.{eos}" for name, g in zip(pools.LAST_NAMES, pools.GENRES)]
+    texts += [
+        f"The {adj} {noun} of {city} was {verb} {place} {when} {year}.{eos}"
+        for adj, noun, city, verb, place, when, year in zip(
+            *(itertools.islice(itertools.cycle(pool), ROSTER_LEN) for pool in (
+                pools.TITLE_ADJECTIVES, pools.TITLE_NOUNS, pools.CITIES, pools.CANARY_VERBS,
+                pools.CANARY_PLACES, pools.CANARY_TIMES, YEARS)))
+    ]
     copies = 0
     while copies < n_copy:
         line = canary_sentence(rng)

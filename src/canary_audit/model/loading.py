@@ -49,15 +49,18 @@ def load_tokenizer(spec: ModelSpec):
 
 
 def check_think_tags(tokenizer, spec: ModelSpec) -> None:
-    """Each think tag must round-trip through the tokenizer unchanged; a tag the
-    vocabulary mangles makes every parser-split metric meaningless."""
+    """Each think tag must be one token of the vocabulary, as in every
+    reasoning model's tokenizer.  A byte-level tokenizer spells any string,
+    so round-tripping proves nothing: a tag that splits into pieces is a tag
+    the model was never trained with, and every parser-split metric on it
+    would be meaningless."""
     for key, tag in (("think_open", spec.think_open), ("think_close", spec.think_close)):
         ids = tokenizer(tag, add_special_tokens=False)["input_ids"]
-        back = tokenizer.decode(ids, skip_special_tokens=False)
-        if not tag or back != tag:
+        if len(ids) != 1:
+            pieces = tokenizer.convert_ids_to_tokens(ids)
             raise ModelLoadError(
-                f"model `{spec.name}`: think tag `{key}` = {tag!r} does not round-trip through "
-                f"its tokenizer (decodes to {back!r}); set `models.{spec.name}.{key}` to the tag "
+                f"model `{spec.name}`: think tag `{key}` = {tag!r} is not a single token of its "
+                f"tokenizer (it splits into {pieces}); set `models.{spec.name}.{key}` to the tag "
                 "the model was trained with"
             )
 
