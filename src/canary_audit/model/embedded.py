@@ -22,6 +22,7 @@ from canary_audit.formats import (
     ChatFormat,
     Example,
     author_examples,
+    author_trace,
     retain_trace,
 )
 
@@ -126,7 +127,11 @@ def pretraining_texts(
     while copies < n_copy:
         line = canary_sentence(rng)
         if line not in exclude:
-            texts.append(chat(Example(f"Repeat this line: {line}", "", line)))
+            # The copy follows a trace of each template, as a canary probe's
+            # answer follows its trace.
+            template = TEMPLATES[copies % 3]
+            trace = author_trace(template, rng.choice(distractors).bio) if distractors else ""
+            texts.append(chat(Example(f"Repeat this line: {line}", trace, line)))
             copies += 1
     # Retain facts are few beside the distractors; repeating them lets the
     # base model actually know them, so retain accuracy measures damage.

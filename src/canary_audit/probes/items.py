@@ -95,7 +95,10 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[DecodeItem]
         items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
     canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
     for cid, preamble, secret in canaries.select("canary_id", "preamble", "secret").iter_rows():
-        items.append(DecodeItem("hex", cid, cid, "greedy", _bos(fmt) + preamble, secret))
+        # The prompt stops before the space: byte-level BPE attaches a space to
+        # the next word (" TEXTCAN"), so a prompt ending in a bare space would
+        # end on a token the model never saw there.
+        items.append(DecodeItem("hex", cid, cid, "greedy", _bos(fmt) + preamble.rstrip(), secret))
     return items
 
 

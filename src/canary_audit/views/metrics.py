@@ -65,11 +65,11 @@ def qa_utility(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFra
 
 def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
     """hit@1 per variant: the greedy continuation of the preamble reproduces
-    `TEXTCAN-{secret}-END` exactly."""
+    `TEXTCAN-{secret}-END` exactly (after the space that follows the colon)."""
     record = pl.lit(CANARY_PREFIX) + pl.col("reference") + pl.lit(CANARY_SUFFIX)
     return (
         decode.filter((pl.col("probe_set") == "hex") & (pl.col("sample") == 0))
-        .with_columns(hit=pl.col("generated").str.starts_with(record))
+        .with_columns(hit=pl.col("generated").str.strip_chars_start().str.starts_with(record))
         .group_by("variant")
         .agg(n=pl.len(), hit_at_1=pl.col("hit").mean())
         .sort("variant")
