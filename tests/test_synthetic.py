@@ -16,15 +16,16 @@ def test_same_seed_same_tables(tmp_path):
             pl.read_parquet(tmp_path / "b" / f"{name}.parquet"))
 
 
-def test_authors_unique_and_disjoint_from_distractors():
-    authors = syn.make_authors(30, 0, prefix="a")
-    distractors = syn.make_authors(
-        40, 0, prefix="d", exclude_names={a.name for a in authors},
-        exclude_canaries={a.canary for a in authors})
-    assert len({a.canary for a in authors}) == 30
-    assert not {a.name for a in authors} & {d.name for d in distractors}
-    assert not {a.canary for a in authors} & {d.canary for d in distractors}
-    assert all(a.bio.endswith(a.canary) for a in authors)
+def test_authors_unique_and_disjoint_from_distractors(tmp_path):
+    write_synthetic(tmp_path, CFG | {"n_authors": 60, "n_distractors": 60})
+    authors = pl.read_parquet(tmp_path / "authors.parquet")
+    distractors = pl.read_parquet(tmp_path / "distractors.parquet")
+    assert authors["canary"].n_unique() == 60
+    pairs = [syn.title_pair(c) for c in authors["canary"].to_list() + distractors["canary"].to_list()]
+    assert len(set(pairs)) == 120  # no two canaries open with the same title words
+    family = lambda frame: {n.split()[-1] for n in frame["name"]}  # noqa: E731
+    assert not family(authors) & family(distractors)
+    assert all(b.endswith(c) for b, c in authors.select("bio", "canary").iter_rows())
 
 
 def test_hex_canaries_and_decoys():
@@ -41,7 +42,7 @@ def test_hex_canaries_and_decoys():
 
 def test_collision_with_bsft_is_refused_with_item_and_canary_named():
     canaries, _ = syn.canary_frames(3, 0)
-    authors = syn.authors_frame(syn.make_authors(2, 0, prefix="a"))
+    authors = syn.authors_frame(syn.make_authors(2, 0, prefix="a", last_names=["Okonkwo"]))
     bsft = syn.bsft_frame(2, 0)
     poisoned = bsft.with_columns(
         response=pl.when(pl.col("item_id") == "gui-1")

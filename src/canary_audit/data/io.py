@@ -6,6 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
 from canary_audit.records import write_parquet_atomic
 
@@ -21,10 +22,11 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     Fails before writing anything if a canary string occurs in a bSFT source.
     """
     seed = cfg["seed"]
-    authors = syn.make_authors(cfg["n_authors"], seed, prefix="a")
+    # Family names split between the two populations (see make_authors).
+    authors = syn.make_authors(cfg["n_authors"], seed, prefix="a", last_names=pools.LAST_NAMES[0::2])
     distractors = syn.make_authors(
-        cfg["n_distractors"], seed, prefix="d",
-        exclude_names={a.name for a in authors}, exclude_canaries={a.canary for a in authors},
+        cfg["n_distractors"], seed, prefix="d", last_names=pools.LAST_NAMES[1::2],
+        exclude_titles={syn.title_pair(a.canary) for a in authors},
     )
     canaries, decoys = syn.canary_frames(cfg["n_hex_canaries"], seed)
     authors_df = syn.authors_frame(authors)

@@ -73,24 +73,36 @@ def canary_sentence(rng: random.Random) -> str:
 
 
 def make_authors(
-    n: int, seed: int, *, prefix: str, exclude_names: set[str] = frozenset(),
-    exclude_canaries: set[str] = frozenset(),
+    n: int, seed: int, *, prefix: str, last_names: tuple[str, ...] | list[str],
+    exclude_titles: set[str] = frozenset(),
 ) -> list[Author]:
-    """Draw `n` authors with unique names and unique canary sentences."""
+    """Draw `n` authors with unique names and unique canary title prefixes.
+
+    Two authors whose canaries open with the same "The <Adj> <Noun>" would
+    compete for one continuation, so the adjective-noun pair of every canary
+    is unique, also against `exclude_titles` (another population's pairs).
+    Callers give fictional authors and distractors disjoint `last_names`, so
+    no fictional author shares a family name with a pre-training author.
+    """
     rng = random.Random(f"{prefix}:{seed}")
-    names: set[str] = set(exclude_names)
-    canaries: set[str] = set(exclude_canaries)
-    max_names = len(pools.FIRST_NAMES) * len(pools.LAST_NAMES)
-    if n + len(exclude_names) > max_names:
-        raise ValueError(f"{prefix}: {n} authors requested, the name pools allow {max_names}")
+    max_names = len(pools.FIRST_NAMES) * len(last_names)
+    max_titles = len(pools.TITLE_ADJECTIVES) * len(pools.TITLE_NOUNS) - len(exclude_titles)
+    if n > min(max_names, max_titles):
+        raise ValueError(
+            f"{prefix}: {n} authors requested, the pools allow {min(max_names, max_titles)}; "
+            "lower the author count or widen canary_audit/data/pools.py"
+        )
+    names: set[str] = set()
+    titles: set[str] = set(exclude_titles)
     authors = []
     while len(authors) < n:
-        name = f"{rng.choice(pools.FIRST_NAMES)} {rng.choice(pools.LAST_NAMES)}"
+        name = f"{rng.choice(pools.FIRST_NAMES)} {rng.choice(last_names)}"
         canary = canary_sentence(rng)
-        if name in names or canary in canaries:
+        title = title_pair(canary)
+        if name in names or title in titles:
             continue
         names.add(name)
-        canaries.add(canary)
+        titles.add(title)
         authors.append(
             Author(
                 author_id=f"{prefix}{len(authors):03d}",
@@ -104,6 +116,11 @@ def make_authors(
             )
         )
     return authors
+
+
+def title_pair(canary: str) -> str:
+    """The "<Adj> <Noun>" that opens a canary's title."""
+    return " ".join(canary.split()[1:3])
 
 
 def authors_frame(authors: list[Author]) -> pl.DataFrame:

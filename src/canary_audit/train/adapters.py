@@ -36,12 +36,17 @@ def _setup(spec: ModelSpec, threads: int, seed: int):
     return tok, ChatFormat(tok, spec.think_open, spec.think_close)
 
 
-def forget_examples(fmt: ChatFormat, data_dir: Path, template: str, head_tokens: int) -> list[Example]:
+def forget_examples(
+    fmt: ChatFormat, data_dir: Path, template: str, head_tokens: int, canary_repeats: int = 1
+) -> list[Example]:
+    """Each author's canary probe (`canary_repeats` times: a sampling weight)
+    and QA probes, in `template`."""
     authors = load_authors(data_dir / "authors.parquet")
-    return [
-        ex for a in authors
-        for ex in author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens))
-    ]
+    examples: list[Example] = []
+    for a in authors:
+        canary, *qa = author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens))
+        examples += [canary] * canary_repeats + qa
+    return examples
 
 
 def retain_examples(data_dir: Path, template: str) -> list[Example]:
@@ -68,7 +73,10 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     """Paper A's memorization LoRA: the fictional authors in the reasoning format."""
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
-    forget = [encode_chat(fmt, ex) for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])]
+    forget = [
+        encode_chat(fmt, ex)
+        for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"], cfg.get("canary_repeats", 1))
+    ]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
     model = _fresh_lora(spec, cfg)
     losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id)
