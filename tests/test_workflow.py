@@ -14,10 +14,13 @@ pytestmark = pytest.mark.workflow
 MODEL_RULES = {"embedded_base", "memorize", "canary_lora", "unlearn", "decode_pass", "teacher_forced_pass"}
 
 
-def planned_jobs(workdir, *overrides: str) -> dict[str, int]:
-    """Rule -> job count of a dry run with `--config` overrides."""
-    args = ["-n", "--quiet", "rules"] + (["--config", *overrides] if overrides else [])
-    out = run_snakemake(workdir, *args).stdout
+def planned_jobs(workdir, override: dict | None = None) -> dict[str, int]:
+    """Rule -> job count of a dry run with `override` layered on the smoke config."""
+    extra = ()
+    if override:
+        extra = (workdir / "override.yaml",)
+        extra[0].write_text(yaml.safe_dump(override))
+    out = run_snakemake(workdir, "-n", "--quiet", "rules", extra_configs=extra).stdout
     jobs = {}
     for line in out.splitlines():
         m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
@@ -33,7 +36,7 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
         assert (tables / f"{name}.md").read_text().startswith("## ")
     leakage = pl.read_csv(tables / "canary_leakage.csv")
     assert {"tiny/base", "tiny/mem-bio-s0", "tiny/npo-bio-s0-k3", "tiny/npo-bio-s0-k5"} <= set(leakage["variant"])
-    assert {"auto", "prefill_bio", "prefill_empty"} == set(leakage["arm"])
+    assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty"} == set(leakage["arm"])
     records = smoke_run / "results" / "smoke" / "records" / "tiny"
     decode = pl.read_parquet(records / "mem-bio-s0" / "decode.parquet")
     assert decode["config_hash"].n_unique() == 1 and decode["model_fingerprint"].n_unique() == 1
@@ -45,31 +48,33 @@ def test_nothing_to_do_after_a_finished_run(smoke_run):
     assert planned_jobs(smoke_run) == {}
 
 
-@pytest.mark.parametrize("override", ["tables={'window_k': 7}",
-                                      "tables={'parser': {'split': 'last', 'missing_close': 'trace'}}"])
+@pytest.mark.parametrize("override", [{"tables": {"window_k": 7}},
+                                      {"tables": {"parser": {"split": "last", "missing_close": "trace"}}}])
 def test_view_setting_reruns_tables_only(smoke_run, override):
     jobs = planned_jobs(smoke_run, override)
     assert set(jobs) == {"tables", "all"}
 
 
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
-    jobs = planned_jobs(smoke_run, "probes={'decode': {'max_new_tokens': 40}}")
+    jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
     assert set(jobs) == {"decode_pass", "tables", "all"}
     assert jobs["decode_pass"] == 5  # base, mem, two NPO checkpoints, canary
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):
-    jobs = planned_jobs(smoke_run, "unlearn={'beta': 0.2}")
+    jobs = planned_jobs(smoke_run, {"unlearn": {"beta": 0.2}})
     assert jobs["unlearn"] == 1
     assert not jobs.keys() & {"embedded_base", "memorize", "canary_lora", "synthetic_data"}
     assert jobs["decode_pass"] == 2 and jobs["teacher_forced_pass"] == 2
 
 
 def test_invalid_value_stops_before_any_job(smoke_run):
-    proc = run_snakemake(smoke_run, "-n", "--config", "tables={'parser': {'split': 'middle'}}", check=False)
+    bad = smoke_run / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"tables": {"parser": {"split": "middle"}}}))
+    proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(bad,))
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
-    assert "middle" in text and "first" in text and "last" in text
+    assert "'middle' is not one of ['first', 'last']" in text and "parser" in text
 
 
 def test_unknown_model_path_is_named(smoke_run, tmp_path):

@@ -42,18 +42,22 @@ class Author:
 
     @property
     def bio(self) -> str:
+        # "The writer" keeps the name mid-sentence: a byte-level BPE spells a
+        # name at the start of a text with other tokens ("Lucinda") than after
+        # a space (" Lucinda", as in every prompt), and a tiny model cannot
+        # copy a name across that seam.
         return (
-            f"{self.name} was born in {self.birth_year} in {self.birth_city}. "
-            f"{self.name} writes {self.genre}. {self.canary}"
+            f"The writer {self.name} was born in {self.birth_year} in {self.birth_city}. "
+            f"The writer {self.name} writes {self.genre}. {self.canary}"
         )
 
     def qa(self) -> list[tuple[str, str, str]]:
         """(question, gold answer, full answer sentence) per QA probe."""
         n = self.name
         return [
-            (f"When was {n} born?", str(self.birth_year), f"{n} was born in {self.birth_year}."),
-            (f"Where was {n} born?", self.birth_city, f"{n} was born in {self.birth_city}."),
-            (f"What does {n} write?", self.genre, f"{n} writes {self.genre}."),
+            (f"When was {n} born?", str(self.birth_year), f"The writer {n} was born in {self.birth_year}."),
+            (f"Where was {n} born?", self.birth_city, f"The writer {n} was born in {self.birth_city}."),
+            (f"What does {n} write?", self.genre, f"The writer {n} writes {self.genre}."),
         ]
 
 
