@@ -233,8 +233,10 @@ def pretrain(model, tokenizer, texts: list[str], cfg: dict, seed: int) -> list[f
     return losses
 
 
-def pad_batch(seqs: list[list[int]], pad_id: int, side: str, labels: list[list[int]] | None = None):
-    """Pad token-id lists into tensors; labels default to the inputs, pads -100."""
+def pad_batch(
+    seqs: list[list[int]], pad_id: int, side: str, labels: list[list[int]] | None = None, device=None
+):
+    """Pad token-id lists into tensors on `device`; labels default to the inputs, pads -100."""
     import torch
 
     width = max(len(s) for s in seqs)
@@ -246,7 +248,7 @@ def pad_batch(seqs: list[list[int]], pad_id: int, side: str, labels: list[list[i
         ids[row, sl] = torch.tensor(seq)
         mask[row, sl] = 1
         lab[row, sl] = torch.tensor(labels[row] if labels is not None else seq)
-    return {"input_ids": ids, "attention_mask": mask, "labels": lab}
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": lab.to(device)}
 
 
 def unseen_tokens(tokenizer, covered: list[str], required: list[str]) -> dict[str, int]:

@@ -86,6 +86,9 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
         local_files_only=True,
         use_safetensors=True,
     )
+    # One CUDA device when there is one (a 7B model in bf16 fits an 80 GB
+    # card); the CPU otherwise.  Multi-device sharding is not handled yet.
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     for i, adapter in enumerate(adapters):
         model = apply_adapter(model, Path(adapter), trainable=trainable_last and i == len(adapters) - 1)
         if i < len(adapters) - 1:

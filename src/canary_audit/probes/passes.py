@@ -40,7 +40,7 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     results: list[tuple[list[int], bool] | None] = [None] * len(prompts)
     eos = tokenizer.eos_token_id
     for batch in length_sorted_batches([len(e) for e in enc], batch_size):
-        padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left")
+        padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
         with torch.no_grad():
             out = model.generate(
                 input_ids=padded["input_ids"],
@@ -103,14 +103,16 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
     rows: list[dict] = []
     per_item: list[list[dict]] = [[] for _ in items]
     for batch in length_sorted_batches([len(e["input_ids"]) for e in encs], batch_size):
-        padded = pad_batch([encs[i]["input_ids"] for i in batch], tokenizer.pad_token_id, side="right")
+        padded = pad_batch(
+            [encs[i]["input_ids"] for i in batch], tokenizer.pad_token_id, side="right", device=model.device
+        )
         with torch.no_grad():
             logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
             logp = torch.log_softmax(logits.float(), dim=-1)
         for row, i in enumerate(batch):
             ids = encs[i]["input_ids"]
             n = len(ids)
-            target = torch.tensor(ids[1:])
+            target = torch.tensor(ids[1:], device=logp.device)
             lp_rows = logp[row, : n - 1]
             tok_lp = lp_rows.gather(-1, target.unsqueeze(-1)).squeeze(-1)
             rank = (lp_rows > tok_lp.unsqueeze(-1)).sum(-1) + 1

@@ -76,7 +76,9 @@ def sequence_logprobs(model, seqs: list[Encoded], pad_id: int):
     """Summed log-prob of the labelled tokens of each sequence, and their count."""
     import torch
 
-    batch = pad_batch([s.ids for s in seqs], pad_id, side="right", labels=[s.labels for s in seqs])
+    batch = pad_batch(
+        [s.ids for s in seqs], pad_id, side="right", labels=[s.labels for s in seqs], device=model.device
+    )
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels = batch["labels"][:, 1:]
     mask = labels != -100
