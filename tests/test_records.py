@@ -57,3 +57,14 @@ def test_wrong_schema_is_refused(tmp_path):
     pl.DataFrame({"variant": ["x"]}).write_parquet(path)
     with pytest.raises(RecordsError, match="missing"):
         read_records(path, "token")
+
+
+def test_tables_refuse_records_from_two_probe_configs(tmp_path):
+    from canary_audit.tables import write_tables
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    write_parquet_atomic(to_records([token_row()], "token"), a)
+    write_parquet_atomic(to_records([token_row(variant="m/w", config_hash="other")], "token"), b)
+    with pytest.raises(RecordsError, match="different probe configurations"):
+        write_tables(decode=[], tokens=[a, b], out_dir=tmp_path / "t",
+                     cfg={"window_k": 5, "parser": {}, "parents": {}})

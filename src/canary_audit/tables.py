@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import read_records
+from canary_audit.records import RecordsError, read_records
 from canary_audit.views.metrics import canary_leakage, hex_recall, nll_table, qa_utility
 from canary_audit.views.parser import ParserConvention
 
@@ -24,7 +24,19 @@ def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
 
 
 def _concat(paths: list[Path], kind: str) -> pl.DataFrame:
-    return pl.concat([read_records(p, kind) for p in paths]) if paths else pl.DataFrame()
+    """All records of one kind; files written under different probe configs
+    are refused, since a table over them would compare unlike things."""
+    if not paths:
+        return pl.DataFrame()
+    frames = {p: read_records(p, kind) for p in paths}
+    hashes = {p: f["config_hash"][0] for p, f in frames.items() if f.height}
+    if len(set(hashes.values())) > 1:
+        listing = ", ".join(f"{p} ({h})" for p, h in hashes.items())
+        raise RecordsError(
+            f"{kind} records come from different probe configurations: {listing}; re-run the "
+            "stale probe passes (snakemake does this when the config changed) before tabulating"
+        )
+    return pl.concat(frames.values())
 
 
 def write_table(frame: pl.DataFrame, out_dir: Path, name: str, title: str) -> None:

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
 
 
+def provenance_of(spec: ModelSpec, adapters: list[Path], cfg: dict) -> dict[str, str]:
+    """The hash of the pass's config slice (thread count excluded: it is not
+    part of what was asked) and the fingerprint of the weights."""
+    asked = {k: v for k, v in cfg.items() if k != "threads"}
+    return {"config_hash": config_hash(asked), "model_fingerprint": fingerprint(spec, adapters)}
+
+
 def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into batches of similar length, longest first (as
     lm-evaluation-harness's Collator does): less padding, and an
@@ -71,7 +78,7 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
     t0 = time.perf_counter()
     outs, enc = generate_greedy(model, tok, [it.prompt for it in items], cfg["max_new_tokens"], cfg["batch_size"])
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
-    provenance = {"config_hash": config_hash(cfg), "model_fingerprint": fingerprint(spec, adapters)}
+    provenance = provenance_of(spec, adapters, cfg)
     rows = []
     for it, (ids, hit_eos), prompt_ids in zip(items, outs, enc):
         rows.append({
@@ -144,5 +151,5 @@ def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, c
     t0 = time.perf_counter()
     rows = score_tokens(model, tok, items, cfg["batch_size"])
     log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), len(rows), time.perf_counter() - t0)
-    provenance = {"config_hash": config_hash(cfg), "model_fingerprint": fingerprint(spec, adapters)}
+    provenance = provenance_of(spec, adapters, cfg)
     return to_records([{"variant": variant, **r, **provenance} for r in rows], "token")
