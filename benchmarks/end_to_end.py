@@ -30,7 +30,7 @@ def stage_table(bench_dir: Path) -> pl.DataFrame:
     for tsv in sorted(bench_dir.rglob("*.tsv")):
         frame = pl.read_csv(tsv, separator="\t", null_values=["-", "NA"])
         stem = tsv.stem
-        rule = stem.split("-")[0]
+        rule = stem.split("-")[0]  # files are named <rule>-<wildcards>.tsv
         rows.append({"job": str(tsv.relative_to(bench_dir)).removesuffix(".tsv"), "rule": rule,
                      "seconds": float(frame["s"][0]), "max_rss_mb": float(frame["max_rss"][0] or 0)})
     return pl.DataFrame(rows)

@@ -13,7 +13,7 @@ rule decode_pass:
     log:
         f"{R}/logs/{{model}}/decode-{{variant}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/decode-{{variant}}.tsv"
+        f"{R}/benchmarks/{{model}}/decode_pass-{{variant}}.tsv"
     conda:
         ENV
     threads: config["threads"]["probe"]
@@ -38,7 +38,7 @@ rule teacher_forced_pass:
     log:
         f"{R}/logs/{{model}}/score-{{variant}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/score-{{variant}}.tsv"
+        f"{R}/benchmarks/{{model}}/teacher_forced_pass-{{variant}}.tsv"
     conda:
         ENV
     threads: config["threads"]["probe"]

@@ -40,7 +40,7 @@ rule canary_lora:
     log:
         f"{R}/logs/{{model}}/canary-s{{seed}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/canary-s{{seed}}.tsv"
+        f"{R}/benchmarks/{{model}}/canary_lora-s{{seed}}.tsv"
     conda:
         ENV
     threads: config["threads"]["train"]

@@ -12,7 +12,7 @@ rule variant_manifest:
     log:
         f"{R}/logs/{{model}}/variant-{{variant}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/variant-{{variant}}.tsv"
+        f"{R}/benchmarks/{{model}}/variant_manifest-{{variant}}.tsv"
     conda:
         ENV
     params:
