@@ -10,11 +10,6 @@ from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
 from canary_audit.records import write_parquet_atomic
 
-DATA_FILES = (
-    "authors", "qa", "retain", "hex_canaries", "decoys", "bsft",
-    "distractors", "pretrain_bsft",
-)
-
 
 def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     """Generate every table from `cfg` (the `data` config slice); return row counts.

@@ -18,7 +18,6 @@ from canary_audit.data import pools
 HEX_LEN = 16
 CANARY_PREFIX = "TEXTCAN-"
 CANARY_SUFFIX = "-END"
-BSFT_SOURCES = ("gui", "synth", "safety", "random")
 
 
 @dataclass(frozen=True)
