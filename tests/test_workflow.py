@@ -83,3 +83,17 @@ def test_unknown_model_path_is_named(smoke_run, tmp_path):
     proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(extra,))
     assert proc.returncode != 0
     assert "`/models/absent` does not exist" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
+    ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
+    ({"unlearn": {"k": [0]}}, "0 is less than the minimum of 1"),
+    ({"data": {"surprise": 1}}, "Additional properties are not allowed ('surprise' was unexpected)"),
+])
+def test_bad_config_is_named_before_any_job(smoke_run, override, message):
+    bad = smoke_run / "bad.yaml"
+    bad.write_text(yaml.safe_dump(override))
+    proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(bad,))
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
