@@ -8,6 +8,8 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from canary_audit.probes.items import check_prefill_templates
+
 validate(config, "../schemas/config.schema.yaml")
 
 R = config["results"]
@@ -65,25 +67,7 @@ def check_config():
         if not list(path.glob("*.safetensors")):
             fail(f"model `{name}`: `{path}` holds no *.safetensors weights")
         check_think_tags(name, entry, path)
-    prefills = config["probes"]["prefills"]
-    allowed = (
-        "name",
-        "birth_year",
-        "birth_city",
-        "genre",
-        "title1",
-        "title2",
-        "bio_opening",
-    )
-    import string
-
-    for arm, template in prefills.items():
-        for _, field, _, _ in string.Formatter().parse(template):
-            if field is not None and field not in allowed:
-                fail(
-                    f"config key `probes.prefills.{arm}` uses unknown field `{{{field}}}`; "
-                    f"allowed fields: {', '.join(allowed)}"
-                )
+    check_prefill_templates(config["probes"]["prefills"])
 
 
 def check_think_tags(name, entry, path):
