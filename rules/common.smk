@@ -8,22 +8,15 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from canary_audit.data.io import DATA_TABLES
+from canary_audit.model.loading import check_checkpoint
+from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import check_prefill_templates
 
 validate(config, "../schemas/config.schema.yaml")
 
 R = config["results"]
 ENV = "../envs/canary-audit.yaml"
-DATA_TABLES = [
-    "authors",
-    "qa",
-    "retain",
-    "hex_canaries",
-    "decoys",
-    "bsft",
-    "distractors",
-    "pretrain_bsft",
-]
 MODEL_KEYS = (
     "dtype",
     "think_open",
@@ -58,35 +51,8 @@ def check_config():
         entry = config["models"][name]
         if entry.get("embedded"):
             continue
-        path = Path(entry["path"])
-        if not path.is_dir():
-            fail(
-                f"model `{name}`: path `{path}` does not exist; set `models.{name}.path` "
-                "to a local checkpoint directory"
-            )
-        if not list(path.glob("*.safetensors")):
-            fail(f"model `{name}`: `{path}` holds no *.safetensors weights")
-        check_think_tags(name, entry, path)
+        check_checkpoint(ModelSpec.from_config(name, entry, entry["path"]))
     check_prefill_templates(config["probes"]["prefills"])
-
-
-def check_think_tags(name, entry, path):
-    """Each think tag must be one token of the model's vocabulary (a tag that
-    splits into pieces is not the tag the model was trained with)."""
-    tokenizer_file = path / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        fail(f"model `{name}`: `{path}` has no tokenizer.json")
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_file))
-    for key in ("think_open", "think_close"):
-        tag = entry[key]
-        pieces = tok.encode(tag, add_special_tokens=False).tokens
-        if len(pieces) != 1:
-            fail(
-                f"model `{name}`: think tag `{key}` = {tag!r} is not a single token of its "
-                f"tokenizer (it splits into {pieces}); set `models.{name}.{key}` to the model's tag"
-            )
 
 
 check_config()

@@ -46,6 +46,8 @@ def test_tokenizer_without_the_think_tags_is_refused(spec):
     bad = ModelSpec("tiny", spec.path, think_open="<reasoning>")
     with pytest.raises(ModelLoadError, match="think_open.*<reasoning>.*not a single token"):
         load_tokenizer(bad)
+    with pytest.raises(ModelLoadError, match="think_open.*<reasoning>.*not a single token"):
+        load_model(bad)
 
 
 def test_batched_greedy_equals_one_at_a_time(spec):

@@ -2,14 +2,16 @@ import polars as pl
 import pytest
 
 from canary_audit.data import synthetic as syn
-from canary_audit.data.io import write_synthetic
+from canary_audit.data.io import DATA_TABLES, write_synthetic
 
 CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10,
        "n_hex_canaries": 6, "n_bsft_per_source": 8}
 
 
 def test_same_seed_same_tables(tmp_path):
-    write_synthetic(tmp_path / "a", CFG)
+    counts = write_synthetic(tmp_path / "a", CFG)
+    assert tuple(counts) == DATA_TABLES  # the workflow's list of outputs is this one
+    assert sorted(p.stem for p in (tmp_path / "a").glob("*.parquet")) == sorted(DATA_TABLES)
     write_synthetic(tmp_path / "b", CFG)
     for name in ("authors", "qa", "hex_canaries", "decoys", "bsft", "distractors"):
         assert pl.read_parquet(tmp_path / "a" / f"{name}.parquet").equals(

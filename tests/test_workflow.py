@@ -97,3 +97,17 @@ def test_bad_config_is_named_before_any_job(smoke_run, override, message):
     proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(bad,))
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
+
+
+def test_checkpoint_with_unknown_think_tag_is_named(smoke_run, tmp_path):
+    """A local checkpoint (here the smoke run's own base) whose tokenizer splits
+    the configured think tag is refused before any job."""
+    base = smoke_run / "results" / "smoke" / "models" / "tiny" / "base"
+    extra = tmp_path / "real.yaml"
+    extra.write_text(yaml.safe_dump({
+        "models": {"local": {"path": str(base), "think_open": "<reasoning>"}},
+        "audit": {"models": ["local"]},
+    }))
+    proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(extra,))
+    assert proc.returncode != 0
+    assert "model `local`: think tag `think_open` = '<reasoning>' is not a single token" in proc.stdout + proc.stderr

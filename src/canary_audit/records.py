@@ -89,8 +89,8 @@ def to_records(rows: list[dict], kind: str) -> pl.DataFrame:
     return frame.select(list(schema))
 
 
-def read_records(path: Path, kind: str, *, expect_config_hash: str | None = None) -> pl.DataFrame:
-    """Read and validate one records file; refuse mixed or foreign provenance."""
+def read_records(path: Path, kind: str) -> pl.DataFrame:
+    """Read and validate one records file; refuse one that mixes config hashes."""
     path = Path(path)
     try:
         frame = pl.read_parquet(path)
@@ -110,10 +110,4 @@ def read_records(path: Path, kind: str, *, expect_config_hash: str | None = None
     hashes = frame["config_hash"].unique().to_list()
     if len(hashes) > 1:
         raise RecordsError(f"records file `{path}` mixes config hashes {hashes}")
-    if expect_config_hash is not None and hashes and hashes[0] != expect_config_hash:
-        raise RecordsError(
-            f"records file `{path}` was written under config hash {hashes[0]}, but the "
-            f"current config hashes to {expect_config_hash}; re-run its probe pass "
-            "instead of mixing records from two configurations"
-        )
     return frame.select(list(schema))

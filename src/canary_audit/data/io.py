@@ -10,6 +10,11 @@ from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
 from canary_audit.records import write_parquet_atomic
 
+# The tables the data rule writes, in the order the workflow lists them.
+DATA_TABLES = (
+    "authors", "qa", "retain", "hex_canaries", "decoys", "bsft", "distractors", "pretrain_bsft",
+)
+
 
 def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     """Generate every table from `cfg` (the `data` config slice); return row counts.

@@ -19,7 +19,19 @@ class ModelLoadError(ValueError):
     """A model entry points at something that cannot be audited as given."""
 
 
-def check_model_dir(spec: ModelSpec) -> None:
+def check_checkpoint(spec: ModelSpec) -> None:
+    """Refuse, naming the model, a checkpoint that cannot be audited as given:
+    a missing directory, no safetensors weights, no tokenizer.json, or think
+    tags that are not single tokens of its vocabulary.
+
+    Uses only the `tokenizers` library, so the workflow can run it on every
+    model entry before any job starts, without importing transformers.  A
+    byte-level tokenizer spells any string, so a round trip proves nothing:
+    a tag that splits into pieces is not the tag the model was trained with,
+    and every parser-split metric on it would be meaningless.
+    """
+    from tokenizers import Tokenizer
+
     if not spec.path.is_dir():
         raise ModelLoadError(
             f"model `{spec.name}`: path `{spec.path}` does not exist; set `models.{spec.name}.path` "
@@ -30,12 +42,24 @@ def check_model_dir(spec: ModelSpec) -> None:
             f"model `{spec.name}`: `{spec.path}` holds no *.safetensors weights "
             "(pickled .bin weights are refused); convert the checkpoint to safetensors"
         )
+    tokenizer_file = spec.path / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ModelLoadError(f"model `{spec.name}`: `{spec.path}` has no tokenizer.json")
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    for key, tag in (("think_open", spec.think_open), ("think_close", spec.think_close)):
+        pieces = tok.encode(tag, add_special_tokens=False).tokens
+        if len(pieces) != 1:
+            raise ModelLoadError(
+                f"model `{spec.name}`: think tag `{key}` = {tag!r} is not a single token of its "
+                f"tokenizer (it splits into {pieces}); set `models.{spec.name}.{key}` to the tag "
+                "the model was trained with"
+            )
 
 
 def load_tokenizer(spec: ModelSpec):
     from transformers import AutoTokenizer
 
-    check_model_dir(spec)
+    check_checkpoint(spec)
     tok = AutoTokenizer.from_pretrained(
         spec.path, trust_remote_code=spec.trust_remote_code, local_files_only=True
     )
@@ -44,25 +68,7 @@ def load_tokenizer(spec: ModelSpec):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    check_think_tags(tok, spec)
     return tok
-
-
-def check_think_tags(tokenizer, spec: ModelSpec) -> None:
-    """Each think tag must be one token of the vocabulary, as in every
-    reasoning model's tokenizer.  A byte-level tokenizer spells any string,
-    so round-tripping proves nothing: a tag that splits into pieces is a tag
-    the model was never trained with, and every parser-split metric on it
-    would be meaningless."""
-    for key, tag in (("think_open", spec.think_open), ("think_close", spec.think_close)):
-        ids = tokenizer(tag, add_special_tokens=False)["input_ids"]
-        if len(ids) != 1:
-            pieces = tokenizer.convert_ids_to_tokens(ids)
-            raise ModelLoadError(
-                f"model `{spec.name}`: think tag `{key}` = {tag!r} is not a single token of its "
-                f"tokenizer (it splits into {pieces}); set `models.{spec.name}.{key}` to the tag "
-                "the model was trained with"
-            )
 
 
 def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bool = False):
@@ -74,7 +80,7 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     import torch
     from transformers import AutoModelForCausalLM
 
-    check_model_dir(spec)
+    check_checkpoint(spec)
     if spec.dtype not in DTYPES:
         raise ModelLoadError(
             f"model `{spec.name}`: dtype `{spec.dtype}` is not one of {', '.join(DTYPES)}"

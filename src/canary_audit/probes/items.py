@@ -69,11 +69,10 @@ def render_prefill(template: str, author: Author) -> str:
     return template.format(**fields, bio_opening=bio_opening(author))
 
 
-def _arms(fmt: ChatFormat, prompt: str, author: Author | None, prefills: dict[str, str]):
+def _arms(fmt: ChatFormat, prompt: str, author: Author, prefills: dict[str, str]):
     yield "auto", prompt
     for name, template in sorted(prefills.items()):
-        trace = render_prefill(template, author) if author is not None else template
-        yield f"prefill_{name}", fmt.prefill(prompt, trace)
+        yield f"prefill_{name}", fmt.prefill(prompt, render_prefill(template, author))
 
 
 def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[DecodeItem]:

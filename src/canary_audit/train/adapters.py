@@ -36,17 +36,13 @@ def _setup(spec: ModelSpec, threads: int, seed: int):
     return tok, ChatFormat(tok, spec.think_open, spec.think_close)
 
 
-def forget_examples(
-    fmt: ChatFormat, data_dir: Path, template: str, head_tokens: int, canary_repeats: int = 1
-) -> list[Example]:
-    """Each author's canary probe (`canary_repeats` times: a sampling weight)
-    and QA probes, in `template`."""
+def forget_examples(fmt: ChatFormat, data_dir: Path, template: str, head_tokens: int) -> list[Example]:
+    """Each author's canary probe and QA probes, in `template`."""
     authors = load_authors(data_dir / "authors.parquet")
-    examples: list[Example] = []
-    for a in authors:
-        canary, *qa = author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens))
-        examples += [canary] * canary_repeats + qa
-    return examples
+    return [
+        ex for a in authors
+        for ex in author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens))
+    ]
 
 
 def retain_examples(data_dir: Path, template: str) -> list[Example]:
@@ -54,13 +50,10 @@ def retain_examples(data_dir: Path, template: str) -> list[Example]:
     return [Example(q, retain_trace(template), s) for q, s in retain.select("question", "answer").iter_rows()]
 
 
-def _fresh_lora(spec: ModelSpec, cfg: dict, base_adapters: list[Path] = ()):
+def _fresh_lora(spec: ModelSpec, cfg: dict):
     from peft import get_peft_model
 
-    model = load_model(spec, list(base_adapters))
-    if base_adapters:
-        model = model.merge_and_unload()
-    return get_peft_model(model, lora_config(cfg))
+    return get_peft_model(load_model(spec), lora_config(cfg))
 
 
 def _summary(out_dir: Path, losses: list[float], **extra) -> dict:
@@ -73,10 +66,7 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     """Paper A's memorization LoRA: the fictional authors in the reasoning format."""
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
-    forget = [
-        encode_chat(fmt, ex)
-        for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"], cfg.get("canary_repeats", 1))
-    ]
+    forget = [encode_chat(fmt, ex) for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
     model = _fresh_lora(spec, cfg)
     losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id)
