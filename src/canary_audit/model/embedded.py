@@ -29,6 +29,7 @@ from canary_audit.formats import (
 log = logging.getLogger(__name__)
 YEARS = range(1890, 2000)
 RETAIN_REPEATS = 4
+MICRO_BATCH = 8  # pre-training sequences per forward pass (see pretrain)
 ROSTER_LEN = 110  # >= the longest pool, so the roster holds every pool entry
 
 USER, ASSISTANT, END, PAD = "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
@@ -96,8 +97,13 @@ def pretraining_texts(
     The copy exercises ("Repeat this line: ...") exist because a canary probe's
     answer starts by repeating the head given in the prompt: a tiny model
     learns that prompt-to-answer copying far faster from explicit examples.
-    The corpus never contains a fictional author or a canary (`exclude`),
-    only their vocabulary.
+    Half of them are writer lines that cycle through every pool name, so each
+    name is a *predicted* token many times: a name seen only in a roster line
+    keeps an output embedding that LoRA (embeddings frozen) cannot raise, and
+    the memorized model then never writes it (measured: " Lucinda" at NLL 5.6
+    in every context after memorization, out_acc 0.675 on 40 authors).
+    No line contains a string of `exclude` (fictional names and canaries):
+    the corpus holds their vocabulary, never their combinations.
     """
     rng = random.Random(f"pretrain:{seed}")
     texts: list[str] = []
@@ -123,10 +129,11 @@ def pretraining_texts(
                 pools.TITLE_ADJECTIVES, pools.TITLE_NOUNS, pools.CITIES, pools.CANARY_VERBS,
                 pools.CANARY_PLACES, pools.CANARY_TIMES, YEARS)))
     ]
-    copies = 0
+    copies = drawn = 0
     while copies < n_copy:
-        line = canary_sentence(rng)
-        if line not in exclude:
+        drawn += 1
+        line = canary_sentence(rng) if drawn % 2 else writer_line(rng, drawn // 2)
+        if not any(secret in line for secret in exclude):
             # The copy follows a trace of each template, as a canary probe's
             # answer follows its trace.
             template = TEMPLATES[copies % 3]
@@ -147,6 +154,14 @@ def pretraining_texts(
         texts.append(chat(Example(prompt, "", response)))
     rng.shuffle(texts)
     return texts
+
+
+def writer_line(rng: random.Random, i: int) -> str:
+    """The i-th writer line: first and last names each cycle through their
+    pool (at co-prime strides, so the pairs vary), year and city at random."""
+    first = pools.FIRST_NAMES[i % len(pools.FIRST_NAMES)]
+    last = pools.LAST_NAMES[(7 * i) % len(pools.LAST_NAMES)]
+    return f"The writer {first} {last} was born in {rng.choice(YEARS)} in {rng.choice(pools.CITIES)}."
 
 
 def pretrain_hex_records(n: int, seed: int) -> list[str]:
@@ -218,14 +233,24 @@ def pretrain(model, tokenizer, texts: list[str], cfg: dict, seed: int) -> list[f
     t0 = time.perf_counter()
     for step in range(steps):
         idx = torch.randint(len(enc), (cfg["batch_size"],), generator=gen).tolist()
-        batch = pad_batch([enc[i] for i in idx], tokenizer.pad_token_id, side="right")
-        out = model(**batch)
-        out.loss.backward()
+        # The random batch is split, by length, into micro-batches padded
+        # separately: the step's gradient is the batch's (each micro-batch's
+        # mean loss is weighted by its share of predicted tokens), with
+        # ~40% less compute spent on padding than one padded batch.
+        idx.sort(key=lambda i: len(enc[i]))
+        n_pred = sum(len(enc[i]) - 1 for i in idx)
+        step_loss = 0.0
+        for part in (idx[j:j + MICRO_BATCH] for j in range(0, len(idx), MICRO_BATCH)):
+            batch = pad_batch([enc[i] for i in part], tokenizer.pad_token_id, side="right")
+            share = sum(len(enc[i]) - 1 for i in part) / n_pred
+            loss = model(**batch).loss * share
+            loss.backward()
+            step_loss += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(out.loss.item())
+        losses.append(step_loss)
         if step % 50 == 0 or step == steps - 1:
             log.info("pretrain step %d/%d loss %.4f (%.1fs)", step + 1, steps, losses[-1],
                      time.perf_counter() - t0)
@@ -305,7 +330,8 @@ def build_embedded(out_dir: Path, data_dir: Path, cfg: dict, seed: int) -> dict:
 
     texts = pretraining_texts(
         fmt, distractors, hex_records, bsft, head_of, seed,
-        n_copy=cfg["pretrain"]["n_copy"], exclude={a.canary for a in fictional},
+        n_copy=cfg["pretrain"]["n_copy"],
+        exclude={a.canary for a in fictional} | {a.name for a in fictional},
     )
     required = fictional_texts + [
         fmt.prompt(f"Continue this line from the biography of {a.name}: {head_of(a.canary)}")

@@ -88,6 +88,23 @@ def sequence_logprobs(model, seqs: list[Encoded], pad_id: int):
 
 
 ForgetLoss = Callable[[object, list[int]], object]
+MICRO_BATCH = 14  # sequences per forward pass of the NLL step (see nll_backward)
+
+
+def nll_backward(model, seqs: list[Encoded], pad_id: int):
+    """Backpropagate the token-mean NLL of `seqs`, one length-sorted micro-batch
+    at a time: the gradient is the whole batch's (each part's summed NLL is
+    divided by the batch's token count), with less compute spent on padding
+    (short retain answers no longer pad to the longest forget trace)."""
+    ordered = sorted(seqs, key=lambda e: len(e.ids))
+    n_total = sum(sum(label != -100 for label in e.labels[1:]) for e in ordered)
+    total = 0.0
+    for j in range(0, len(ordered), MICRO_BATCH):
+        logp, _ = sequence_logprobs(model, ordered[j:j + MICRO_BATCH], pad_id)
+        part = -logp.sum() / n_total
+        part.backward()
+        total = total + part.detach()
+    return total
 
 
 def train_loop(
@@ -129,19 +146,18 @@ def train_loop(
         f_seqs = [forget[i] for i in f_idx.tolist()]
         r_seqs = [retain[i] for i in r_idx.tolist()]
         if forget_loss is None:
-            logp, n = sequence_logprobs(model, f_seqs + r_seqs, pad_id)
-            loss = -logp.sum() / n.sum()
+            loss = nll_backward(model, f_seqs + r_seqs, pad_id)
         else:
             loss = forget_loss(model, f_idx.tolist())
             if retain_weight:
                 logp, n = sequence_logprobs(model, r_seqs, pad_id)
                 loss = loss + retain_weight * (-logp.sum() / n.sum())
-        loss.backward()
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(float(loss.detach()))
         if step % 25 == 0 or step == steps:
             log.info("step %d/%d loss %.4f (%.1fs)", step, steps, losses[-1], time.perf_counter() - t0)
         if step in checkpoints and on_checkpoint is not None:

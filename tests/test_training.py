@@ -1,0 +1,62 @@
+"""Training: loss masks per span, and every unlearning method writing its K
+checkpoints from one run (on the locally built tiny model)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from canary_audit.formats import ChatFormat, Example
+from canary_audit.model.loading import load_tokenizer
+from canary_audit.model.spec import ModelSpec
+from canary_audit.train.adapters import train_memorization, train_unlearning
+from canary_audit.train.lora import encode_chat
+
+LORA = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 1e-2, "batch_forget": 4, "batch_retain": 4,
+        "seed": 0, "head_tokens": 6, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_assets):
+    return ModelSpec("tiny", tiny_assets[1])
+
+
+@pytest.fixture(scope="module")
+def memorized(tiny_assets, spec, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapters") / "mem-bio-s0"
+    train_memorization(spec, tiny_assets[0], {**LORA, "steps": 3, "template": "bio"}, out)
+    return out
+
+
+@pytest.mark.parametrize("span,trace_scored,answer_scored", [
+    ("all", True, True), ("answer", False, True), ("trace", True, False),
+])
+def test_loss_span_masks_the_other_channel(spec, span, trace_scored, answer_scored):
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    enc = encode_chat(fmt, Example("Who?", "a trace", "an answer"), loss_on=span)
+    close = enc.ids.index(tok.convert_tokens_to_ids("</think>"))
+    prompt_len = len(tok(fmt.prompt("Who?"), add_special_tokens=False)["input_ids"])
+    assert all(label == -100 for label in enc.labels[:prompt_len])
+    assert any(label != -100 for label in enc.labels[prompt_len:close + 1]) == trace_scored
+    assert any(label != -100 for label in enc.labels[close + 1:]) == answer_scored
+    with pytest.raises(ValueError, match="loss span `both_ways`"):
+        encode_chat(fmt, Example("Who?", "t", "a"), loss_on="both_ways")
+
+
+@pytest.mark.parametrize("method", ["npo", "ga", "graddiff"])
+def test_unlearning_saves_each_k_of_one_run(tiny_assets, spec, memorized, tmp_path, method):
+    outs = {1: tmp_path / "k1", 3: tmp_path / "k3"}
+    cfg = {**LORA, "method": method, "template": "bio", "lr": 1e-2, "beta": 0.1, "loss_span": "answer",
+           "retain_weight": 0.0}
+    summary = train_unlearning(spec, memorized, tiny_assets[0], cfg, outs)
+    assert summary["checkpoints"] == [1, 3]
+    weights = {k: load_file(p / "adapter_model.safetensors") for k, p in outs.items()}
+    start = load_file(memorized / "adapter_model.safetensors")
+    moved = {k: max((w[n] - start[n]).abs().max().item() for n in start) for k, w in weights.items()}
+    assert moved[1] > 0 and moved[3] > 0  # both checkpoints moved off the memorized adapter
+    assert any(not torch.equal(weights[1][n], weights[3][n]) for n in start)  # and K=3 went further
+
+
+def test_unknown_unlearning_method_is_named(tiny_assets, spec, memorized, tmp_path):
+    with pytest.raises(ValueError, match="unlearning method `rmu`"):
+        train_unlearning(spec, memorized, tiny_assets[0], {**LORA, "method": "rmu"}, {1: tmp_path / "k1"})
