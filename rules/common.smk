@@ -52,7 +52,23 @@ def check_config():
         if entry.get("embedded"):
             continue
         check_checkpoint(ModelSpec.from_config(name, entry, entry["path"]))
+    templates = config["audit"]["templates"]
+    for method, run_templates in config["unlearn"]["methods"].items():
+        for template in run_templates:
+            if template not in templates:
+                fail(
+                    f"config key `unlearn.methods.{method}` names template `{template}`, which is "
+                    f"not memorized (`audit.templates`: {', '.join(templates)}); add it there or "
+                    "remove it here"
+                )
     check_prefill_templates(config["probes"]["prefills"])
+    contrast = config["tables"]["prefill_contrast"]
+    if config["probes"]["prefills"] and contrast not in config["probes"]["prefills"]:
+        fail(
+            f"config key `tables.prefill_contrast` is `{contrast}`, which is not a prefill arm "
+            f"(`probes.prefills`: {', '.join(sorted(config['probes']['prefills'])) or 'none'}); "
+            "name one of them"
+        )
 
 
 check_config()
@@ -65,6 +81,7 @@ wildcard_constraints:
     method="npo|ga|graddiff",
     k=r"\d+",
     variant=r"[A-Za-z0-9_.\-]+",
+    group=r"[A-Za-z0-9_.\-]+",
 
 
 def data_files(*tables):
@@ -97,23 +114,67 @@ def adapter_dir(model, adapter):
     return f"{R}/models/{model}/adapters/{adapter}"
 
 
+def unlearn_runs():
+    """(method, template) of every unlearning run, in config order."""
+    return [
+        (method, template)
+        for method, templates in config["unlearn"]["methods"].items()
+        for template in templates
+    ]
+
+
 def variants(model):
-    """Every audited variant of `model`: name -> (adapter stack, parent).
+    """Every audited variant of `model`: name -> (adapter stack, parent, group).
 
     The parent is the model before the change that made the variant; tables
-    report Deltas against it.
+    report Deltas against it.  The group is the probe job that scores the
+    variant: a memorization adapter and every unlearning checkpoint made from
+    it share one job per pass (one process start for the whole branch).
     """
-    audit, out = config["audit"], {"base": ([], None)}
+    audit, out = config["audit"], {"base": ([], None, "base")}
     for seed in audit["seeds"]:
         for template in audit["templates"]:
             mem = f"mem-{template}-s{seed}"
-            out[mem] = ([adapter_dir(model, mem)], "base")
-            for method in config["unlearn"]["methods"]:
+            out[mem] = ([adapter_dir(model, mem)], "base", mem)
+            for method, run_template in unlearn_runs():
+                if run_template != template:
+                    continue
                 for k in config["unlearn"]["k"]:
                     name = f"{method}-{template}-s{seed}-k{k}"
-                    out[name] = ([adapter_dir(model, name)], mem)
-        out[f"canary-s{seed}"] = ([adapter_dir(model, f"canary-s{seed}")], "base")
+                    out[name] = ([adapter_dir(model, name)], mem, mem)
+        if audit["hex_canaries"]:
+            canary = f"canary-s{seed}"
+            out[canary] = ([adapter_dir(model, canary)], "base", canary)
     return out
+
+
+def probe_groups(model):
+    """Probe group -> the variants it scores, in audit order."""
+    groups = {}
+    for name, (_, _, group) in variants(model).items():
+        groups.setdefault(group, []).append(name)
+    return groups
+
+
+def group_variants(wildcards):
+    groups = probe_groups(wildcards.model)
+    if wildcards.group not in groups:
+        fail(
+            f"probe group `{wildcards.group}` of model `{wildcards.model}` is not in the audit "
+            f"(known: {', '.join(sorted(groups))})"
+        )
+    return groups[wildcards.group]
+
+
+def group_manifests(wildcards):
+    return [
+        f"{R}/variants/{wildcards.model}/{v}.json" for v in group_variants(wildcards)
+    ]
+
+
+def group_adapters(wildcards):
+    table = variants(wildcards.model)
+    return sorted({a for v in group_variants(wildcards) for a in table[v][0]})
 
 
 def variant_adapters(wildcards):
@@ -128,9 +189,9 @@ def variant_adapters(wildcards):
 
 def all_records(kind):
     return [
-        f"{R}/records/{m}/{v}/{kind}.parquet"
+        f"{R}/records/{m}/{g}/{kind}.parquet"
         for m in config["audit"]["models"]
-        for v in variants(m)
+        for g in probe_groups(m)
     ]
 
 
@@ -138,12 +199,31 @@ def parents():
     return {
         f"{m}/{v}": f"{m}/{p}"
         for m in config["audit"]["models"]
-        for v, (_, p) in variants(m).items()
+        for v, (_, p, _) in variants(m).items()
         if p is not None
     }
 
 
-TABLES = ["canary_leakage", "utility", "hex_recall", "nll", "teacher_forced"]
+TABLES = [
+    "canary_leakage",
+    "k_sweep",
+    "cross_seed",
+    "templates",
+    "prefill_arms",
+    "parser_conventions",
+    "bypass_anatomy",
+    "utility",
+    "hex_recall",
+    "nll",
+    "teacher_forced",
+    "teacher_forced_vs_greedy",
+]
+
+
+def unlearn_slice(method):
+    """The unlearning settings a `method` run reads: beta is NPO's alone."""
+    drop = {"methods"} | ({"beta"} if method != "npo" else set())
+    return {k: v for k, v in config["unlearn"].items() if k not in drop}
 
 
 def unlearn_outputs(wildcards=None):

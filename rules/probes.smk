@@ -1,19 +1,23 @@
-# Probe passes: one decode job and one teacher-forced job per variant.  Each
-# loads the variant once and runs every item of its kind, writing records.
+# Probe passes: one decode job and one teacher-forced job per probe group (a
+# memorization adapter with its unlearning checkpoints, or a lone variant).
+# A job starts Python and torch once and scores every variant of its group,
+# writing one records file whose rows carry each variant's name and weight
+# fingerprint.  Grouping changes nothing that re-runs on a probe-config
+# change (every pass re-runs then), and saves a process start per variant.
 
 
 rule decode_pass:
     input:
         data_files(),
         base_input,
-        variant_adapters,
-        manifest=f"{R}/variants/{{model}}/{{variant}}.json",
+        group_adapters,
+        manifests=group_manifests,
     output:
-        f"{R}/records/{{model}}/{{variant}}/decode.parquet",
+        f"{R}/records/{{model}}/{{group}}/decode.parquet",
     log:
-        f"{R}/logs/{{model}}/decode-{{variant}}.log",
+        f"{R}/logs/{{model}}/decode-{{group}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/decode_pass-{{variant}}.tsv"
+        f"{R}/benchmarks/{{model}}/decode_pass-{{group}}.tsv"
     conda:
         ENV
     threads: config["threads"]["probe"]
@@ -23,7 +27,7 @@ rule decode_pass:
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
         "python -m canary_audit decode --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --variant-manifest {input.manifest} --out {output} "
+        "--data {params.data} --variant-manifest {input.manifests} --out {output} "
         "--threads {threads} > {log} 2>&1"
 
 
@@ -31,14 +35,14 @@ rule teacher_forced_pass:
     input:
         data_files(),
         base_input,
-        variant_adapters,
-        manifest=f"{R}/variants/{{model}}/{{variant}}.json",
+        group_adapters,
+        manifests=group_manifests,
     output:
-        f"{R}/records/{{model}}/{{variant}}/token.parquet",
+        f"{R}/records/{{model}}/{{group}}/token.parquet",
     log:
-        f"{R}/logs/{{model}}/score-{{variant}}.log",
+        f"{R}/logs/{{model}}/score-{{group}}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/teacher_forced_pass-{{variant}}.tsv"
+        f"{R}/benchmarks/{{model}}/teacher_forced_pass-{{group}}.tsv"
     conda:
         ENV
     threads: config["threads"]["probe"]
@@ -48,5 +52,5 @@ rule teacher_forced_pass:
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
         "python -m canary_audit score --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --variant-manifest {input.manifest} --out {output} "
+        "--data {params.data} --variant-manifest {input.manifests} --out {output} "
         "--threads {threads} > {log} 2>&1"

@@ -70,7 +70,7 @@ rule unlearn:
     params:
         cfg=lambda w: canonical(
             {
-                **{k: v for k, v in config["unlearn"].items() if k != "methods"},
+                **unlearn_slice(w.method),
                 "method": w.method,
                 "template": w.template,
                 "seed": int(w.seed),

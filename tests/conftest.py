@@ -37,11 +37,13 @@ def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def run_snakemake(
-    workdir: Path, *args: str, check: bool = True, extra_configs: tuple[Path, ...] = ()
+    workdir: Path, *args: str, check: bool = True, extra_configs: tuple[Path, ...] = (),
+    layer: str = "configs/smoke.yaml",
 ) -> subprocess.CompletedProcess:
-    """Snakemake on this repository's Snakefile and the smoke config (plus
-    `extra_configs`), with outputs under `workdir`."""
-    configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"), *map(str, extra_configs)]
+    """Snakemake on this repository's Snakefile and the default config with
+    `layer` (the smoke config unless told) and `extra_configs` on top, with
+    outputs under `workdir`."""
+    configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / layer), *map(str, extra_configs)]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", *configs, *args]
     # Jobs run `python -m canary_audit`: the interpreter running this must be

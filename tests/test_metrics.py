@@ -5,8 +5,11 @@ import pytest
 
 from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
 from canary_audit.tables import build_tables, to_markdown
-from canary_audit.views.metrics import canary_leakage, hex_recall, nll_table, per_item_nll, qa_utility
+from canary_audit.views.metrics import hex_recall, nll_table, per_item_nll
+from canary_audit.views.paper_a import Bootstrap, canary_leakage, utility
 from canary_audit.views.parser import ParserConvention
+
+BOOT = Bootstrap(replicates=50)
 
 CANARY = "The Amber Bell was written in 1931."
 
@@ -18,6 +21,7 @@ def decode_rows(variant, rows):
         out.append(base | {
             "variant": variant, "probe_set": probe_set, "item_id": f"i{i}", "group_id": f"g{i}",
             "arm": arm, "sample": 0, "prompt": prompt, "reference": reference, "generated": generated,
+            "subject": "",
             "prompt_tokens": 10, "generated_tokens": 5, "stop_reason": "eos",
             "think_open": "<think>", "think_close": "</think>", "config_hash": "h", "model_fingerprint": "f",
         })
@@ -31,21 +35,21 @@ def test_out_acc_thk_leak_and_gap():
         ("canary", "auto", "P", "<think>bio</think>nothing", CANARY),             # neither
         ("canary", "auto", "P", f"{CANARY} no tag", CANARY),                      # missing close
     ])
-    row = canary_leakage(d, ParserConvention("first", "answer")).row(0, named=True)
+    row = canary_leakage(d, ParserConvention("first", "answer"), BOOT).row(0, named=True)
     assert row["n"] == 4
     assert row["out_acc"] == pytest.approx(2 / 4)
     assert row["thk_leak"] == pytest.approx(2 / 4)
     assert row["gap"] == pytest.approx(0.0)
     assert row["missing_close"] == pytest.approx(1 / 4)
-    as_trace = canary_leakage(d, ParserConvention("first", "trace")).row(0, named=True)
+    as_trace = canary_leakage(d, ParserConvention("first", "trace"), BOOT).row(0, named=True)
     assert (as_trace["out_acc"], as_trace["thk_leak"]) == (pytest.approx(1 / 4), pytest.approx(3 / 4))
-    unparse = canary_leakage(d, ParserConvention("first", "unparseable")).row(0, named=True)
+    unparse = canary_leakage(d, ParserConvention("first", "unparseable"), BOOT).row(0, named=True)
     assert unparse["unparseable"] == pytest.approx(1 / 4)
 
 
 def test_prefill_arm_has_no_trace_leak():
     d = decode_rows("m/mem", [("canary", "prefill_bio", "P<think>bio</think>", CANARY, CANARY)])
-    row = canary_leakage(d, ParserConvention()).row(0, named=True)
+    row = canary_leakage(d, ParserConvention(), BOOT).row(0, named=True)
     assert (row["out_acc"], row["thk_leak"]) == (1.0, 0.0)
 
 
@@ -54,7 +58,7 @@ def test_qa_accuracy_is_case_insensitive_containment():
         ("retain", "auto", "P", "<think></think>The capital is paris.", "Paris"),
         ("retain", "auto", "P", "<think></think>Lyon.", "Paris"),
     ])
-    assert qa_utility(d, ParserConvention())["accuracy"].to_list() == [0.5]
+    assert utility(d, ParserConvention(), BOOT)["accuracy"].to_list() == [0.5]
 
 
 def test_hit_at_1_needs_the_exact_record():
@@ -103,6 +107,9 @@ def test_build_tables_and_markdown():
     d = decode_rows("m/mem", [("canary", "auto", "P", f"<think>{CANARY}</think>{CANARY}", CANARY)])
     tables = build_tables(d, pl.DataFrame(), {"parser": {"split": "first", "missing_close": "answer"},
                                               "window_k": 20, "parents": {}})
-    assert set(tables) == {"canary_leakage", "utility", "hex_recall"}
+    assert set(tables) == {
+        "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
+        "bypass_anatomy",
+    }
     md = to_markdown(tables["canary_leakage"][1])
     assert md.splitlines()[0].startswith("| variant | arm | n | out_acc")

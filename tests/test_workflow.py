@@ -14,13 +14,13 @@ pytestmark = pytest.mark.workflow
 MODEL_RULES = {"embedded_base", "memorize", "canary_lora", "unlearn", "decode_pass", "teacher_forced_pass"}
 
 
-def planned_jobs(workdir, override: dict | None = None) -> dict[str, int]:
-    """Rule -> job count of a dry run with `override` layered on the smoke config."""
+def planned_jobs(workdir, override: dict | None = None, layer: str = "configs/smoke.yaml") -> dict[str, int]:
+    """Rule -> job count of a dry run with `override` on top of `layer`."""
     extra = ()
     if override:
         extra = (workdir / "override.yaml",)
         extra[0].write_text(yaml.safe_dump(override))
-    out = run_snakemake(workdir, "-n", "--quiet", "rules", extra_configs=extra).stdout
+    out = run_snakemake(workdir, "-n", "--quiet", "rules", extra_configs=extra, layer=layer).stdout
     jobs = {}
     for line in out.splitlines():
         m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
@@ -29,19 +29,32 @@ def planned_jobs(workdir, override: dict | None = None) -> dict[str, int]:
     return jobs
 
 
+SMOKE_TABLES = (
+    "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
+    "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
+)
+
+
 def test_smoke_run_writes_tables_from_records(smoke_run):
     tables = smoke_run / "results" / "smoke" / "tables"
-    for name in ("canary_leakage", "utility", "hex_recall", "nll", "teacher_forced"):
+    for name in SMOKE_TABLES:
         assert (tables / f"{name}.csv").stat().st_size > 0
         assert (tables / f"{name}.md").read_text().startswith("## ")
     leakage = pl.read_csv(tables / "canary_leakage.csv")
-    assert {"tiny/base", "tiny/mem-bio-s0", "tiny/npo-bio-s0-k3", "tiny/npo-bio-s0-k5"} <= set(leakage["variant"])
+    branch = {"tiny/mem-bio-s0", "tiny/npo-bio-s0-k3", "tiny/npo-bio-s0-k5", "tiny/ga-bio-s0-k3", "tiny/ga-bio-s0-k5"}
+    assert branch | {"tiny/base", "tiny/mem-none-s0", "tiny/canary-s0"} == set(leakage["variant"])
     assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty"} == set(leakage["arm"])
+    assert (leakage["out_acc_lo"] <= leakage["out_acc"]).all() and (leakage["out_acc"] <= leakage["out_acc_hi"]).all()
+    sweep = pl.read_csv(tables / "k_sweep.csv")
+    assert sorted(sweep.filter(pl.col("method") == "ga")["k"].to_list()) == [0, 3, 5]
+    # One records file per probe group: the memorized adapter and its unlearning
+    # checkpoints, each row naming its variant and that variant's weights.
     records = smoke_run / "results" / "smoke" / "records" / "tiny"
     decode = pl.read_parquet(records / "mem-bio-s0" / "decode.parquet")
-    assert decode["config_hash"].n_unique() == 1 and decode["model_fingerprint"].n_unique() == 1
+    assert set(decode["variant"]) == branch
+    assert decode["config_hash"].n_unique() == 1 and decode["model_fingerprint"].n_unique() == len(branch)
     base_fp = pl.read_parquet(records / "base" / "decode.parquet")["model_fingerprint"][0]
-    assert base_fp != decode["model_fingerprint"][0]
+    assert base_fp not in set(decode["model_fingerprint"])
 
 
 def test_nothing_to_do_after_a_finished_run(smoke_run):
@@ -58,14 +71,35 @@ def test_view_setting_reruns_tables_only(smoke_run, override):
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
     assert set(jobs) == {"decode_pass", "tables", "all"}
-    assert jobs["decode_pass"] == 5  # base, mem, two NPO checkpoints, canary
+    assert jobs["decode_pass"] == 4  # probe groups: base, mem-bio (+ 4 checkpoints), mem-none, canary
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"unlearn": {"beta": 0.2}})
-    assert jobs["unlearn"] == 1
+    assert jobs["unlearn"] == 1  # beta is NPO's: the GA run is untouched
     assert not jobs.keys() & {"embedded_base", "memorize", "canary_lora", "synthetic_data"}
-    assert jobs["decode_pass"] == 2 and jobs["teacher_forced_pass"] == 2
+    assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1
+
+
+def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
+    """configs/paper_a.yaml, its two 7-8B paths pointed at a tiny local
+    checkpoint: 2 models x 2 seeds x 3 templates, NPO on each template and GA
+    on BIO, four K checkpoints per run, no hex-canary arm."""
+    base = str(smoke_run / "results" / "smoke" / "models" / "tiny" / "base")
+    override = {"models": {"r1_qwen7b": {"path": base, "dtype": "float32"},
+                           "r1_llama8b": {"path": base, "dtype": "float32"}}}
+    jobs = planned_jobs(smoke_run, override, layer="configs/paper_a.yaml")
+    per_model_seed = {"mem": 3, "runs": 4, "variants": 3 + 4 * 4}
+    assert jobs == {
+        "synthetic_data": 1,
+        "memorize": 2 * 2 * per_model_seed["mem"],
+        "unlearn": 2 * 2 * per_model_seed["runs"],
+        "variant_manifest": 2 * (1 + 2 * per_model_seed["variants"]),
+        "decode_pass": 2 * (1 + 2 * 3),         # base + one group per memorized adapter
+        "teacher_forced_pass": 2 * (1 + 2 * 3),
+        "tables": 1,
+        "all": 1,
+    }
 
 
 def test_invalid_value_stops_before_any_job(smoke_run):
@@ -89,6 +123,8 @@ def test_unknown_model_path_is_named(smoke_run, tmp_path):
     ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
     ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
     ({"unlearn": {"k": [0]}}, "0 is less than the minimum of 1"),
+    ({"unlearn": {"methods": {"ga": ["meta"]}}}, "`unlearn.methods.ga` names template `meta`, which is not memorized"),
+    ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
     ({"data": {"surprise": 1}}, "Additional properties are not allowed ('surprise' was unexpected)"),
 ])
 def test_bad_config_is_named_before_any_job(smoke_run, override, message):

@@ -72,17 +72,32 @@ def cmd_variant(args, params):
     return manifest
 
 
-def _variant(args):
-    manifest = json.loads(Path(args.variant_manifest).read_text())
-    return f"{manifest['model']}/{manifest['variant']}", [Path(a) for a in manifest["adapters"]]
+def _variants(args) -> list[tuple[str, list[Path]]]:
+    """(model/variant name, adapter stack) of each manifest, in the order given."""
+    out = []
+    for path in args.variant_manifest:
+        manifest = json.loads(Path(path).read_text())
+        out.append((f"{manifest['model']}/{manifest['variant']}", [Path(a) for a in manifest["adapters"]]))
+    return out
+
+
+def _run_pass(args, params, run):
+    """One pass over every variant of the job's group, concatenated."""
+    import polars as pl
+
+    frames = []
+    for variant, adapters in _variants(args):
+        t0 = time.perf_counter()
+        frames.append(run(_spec(args), adapters, Path(args.data), {**params, "threads": args.threads}, variant))
+        log.info("%s: %d records in %.1fs", variant, frames[-1].height, time.perf_counter() - t0)
+    return pl.concat(frames)
 
 
 def cmd_decode(args, params):
     from canary_audit.probes.passes import decode_pass
     from canary_audit.records import write_parquet_atomic
 
-    variant, adapters = _variant(args)
-    frame = decode_pass(_spec(args), adapters, Path(args.data), {**params, "threads": args.threads}, variant)
+    frame = _run_pass(args, params, decode_pass)
     write_parquet_atomic(frame, Path(args.out))
     return {"records": frame.height, "stopped_at_length": int((frame["stop_reason"] == "length").sum())}
 
@@ -91,8 +106,7 @@ def cmd_score(args, params):
     from canary_audit.probes.passes import teacher_forced_pass
     from canary_audit.records import write_parquet_atomic
 
-    variant, adapters = _variant(args)
-    frame = teacher_forced_pass(_spec(args), adapters, Path(args.data), {**params, "threads": args.threads}, variant)
+    frame = _run_pass(args, params, teacher_forced_pass)
     write_parquet_atomic(frame, Path(args.out))
     return {"records": frame.height}
 
@@ -122,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
     p.add_argument("--adapters", nargs="*", default=[], help="adapter stack of a variant")
     p.add_argument("--variant", help="variant name")
-    p.add_argument("--variant-manifest", help="variant manifest JSON")
+    p.add_argument("--variant-manifest", nargs="*", default=[], help="variant manifest JSON file(s)")
     p.add_argument("--decode", nargs="*", default=[], help="decode records files")
     p.add_argument("--tokens", nargs="*", default=[], help="token records files")
     p.add_argument("--out", nargs="*", required=True, help="output path(s)")

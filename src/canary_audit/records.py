@@ -26,6 +26,7 @@ DECODE_SCHEMA = {
     "sample": pl.Int32,     # 0 for greedy; 0..k-1 for sampled decodes
     "prompt": pl.Utf8,      # the exact text fed to the model
     "reference": pl.Utf8,   # the string a match rule looks for (canary, gold, secret)
+    "subject": pl.Utf8,     # the fictional author a canary/QA item is about ("" otherwise)
     "generated": pl.Utf8,   # decoded continuation, special tokens kept
     "prompt_tokens": pl.Int32,
     "generated_tokens": pl.Int32,

@@ -10,7 +10,9 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.records import RecordsError, read_records
-from canary_audit.views.metrics import canary_leakage, hex_recall, nll_table, qa_utility
+from canary_audit.views import paper_a
+from canary_audit.views.metrics import hex_recall, nll_table
+from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
 
 
@@ -49,29 +51,60 @@ def write_table(frame: pl.DataFrame, out_dir: Path, name: str, title: str) -> No
 
 def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[str, tuple[str, pl.DataFrame]]:
     """Every table of the audit from the two record kinds and the view config."""
-    convention = ParserConvention(**cfg["parser"])
+    convention = ParserConvention(**cfg.get("parser", {}))
+    boot = Bootstrap(**cfg.get("bootstrap", {}))
+    window_k, parents = cfg["window_k"], cfg.get("parents", {})
+    ci = f"{boot.level:.0%} CIs: author-clustered bootstrap, B={boot.replicates}"
     tables: dict[str, tuple[str, pl.DataFrame]] = {}
-    if decode.height:
+    canary = decode.filter(pl.col("probe_set") == "canary") if decode.height else decode
+    if canary.height:
+        leakage = paper_a.canary_leakage(decode, convention, boot)
+        sweep = paper_a.k_sweep(leakage)
         tables["canary_leakage"] = (
-            f"Canary leakage per variant and arm (parser: {convention.name})",
-            canary_leakage(decode, convention),
+            f"Canary leakage per variant and arm (parser: {convention.name}; {ci})", leakage
         )
-        tables["utility"] = ("QA and retain accuracy", qa_utility(decode, convention))
+        tables["k_sweep"] = (f"K sweep, AUTO arm, memorized adapter as K = 0 ({ci})", sweep)
+        tables["cross_seed"] = ("Cross-seed replication of the K sweep (AUTO arm)", paper_a.cross_seed(sweep))
+        tables["templates"] = (
+            "Training-time template comparison (AUTO arm) with parser health", paper_a.template_comparison(leakage)
+        )
+        tables["prefill_arms"] = (
+            f"Prefill arms at fixed weights: out_acc per arm and Delta_AB = AUTO - "
+            f"prefill_{cfg.get('prefill_contrast', 'bio')} ({ci})",
+            paper_a.prefill_arms(decode, convention, boot, cfg.get("prefill_contrast", "bio")),
+        )
+        tables["parser_conventions"] = (
+            f"Parser conventions applied to the same AUTO generations ({ci})", paper_a.parser_conventions(decode, boot)
+        )
+        tables["bypass_anatomy"] = (
+            f"Bypass-case anatomy, AUTO arm (parser: {convention.name})", paper_a.bypass_anatomy(decode, convention)
+        )
+    if decode.height and decode.filter(pl.col("probe_set").is_in(["qa", "retain"])).height:
+        tables["utility"] = (
+            f"QA and retain accuracy, retain substitutions of fictional authors ({ci})",
+            paper_a.utility(decode, convention, boot),
+        )
+    if decode.height and decode.filter(pl.col("probe_set") == "hex").height:
         tables["hex_recall"] = ("Hex canary behavioural recall", hex_recall(decode))
     if tokens.height:
         hex_tokens = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
         tables["nll"] = (
-            f"Hex canaries and decoys: NLL over the first K={cfg['window_k']} tokens and over the "
+            f"Hex canaries and decoys: NLL over the first K={window_k} tokens and over the "
             "secret span, with Deltas against each variant's parent",
-            nll_table(hex_tokens, cfg["window_k"], cfg["parents"]),
+            nll_table(hex_tokens, window_k, parents),
         )
         tables["teacher_forced"] = (
             "Author canaries, teacher-forced after the head under each prefill: top-1 agreement and "
             "NLL over the canary continuation",
-            nll_table(tokens.filter(pl.col("probe_set") == "canary"), cfg["window_k"], cfg["parents"]).select(
+            nll_table(tokens.filter(pl.col("probe_set") == "canary"), window_k, parents).select(
                 "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
             ),
         )
+        if canary.height:
+            tables["teacher_forced_vs_greedy"] = (
+                f"Teacher-forced vs greedy on the same canaries and weights, per prefill arm ({ci})",
+                paper_a.teacher_forced_vs_greedy(decode, tokens, convention, boot, window_k),
+            )
     return tables
 
 

@@ -19,7 +19,10 @@ from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question
 from canary_audit.model.tokens import canary_head
 
-PREFILL_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2", "bio_opening")
+AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
+# `other_*`: the next author of the forget set (cyclically): a prefill in the
+# trained template's form that carries another author's facts and canary.
+PREFILL_FIELDS = (*AUTHOR_FIELDS, "bio_opening", "bio", "other_name", "other_bio_opening", "other_bio")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class DecodeItem:
     arm: str
     prompt: str
     reference: str
+    subject: str = ""  # the author a canary or QA item is about; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -64,31 +68,41 @@ def check_prefill_templates(prefills: dict[str, str]) -> None:
                 )
 
 
-def render_prefill(template: str, author: Author) -> str:
-    fields = {f: getattr(author, f) for f in PREFILL_FIELDS if f != "bio_opening"}
-    return template.format(**fields, bio_opening=bio_opening(author))
+def render_prefill(template: str, author: Author, other: Author) -> str:
+    fields = {f: getattr(author, f) for f in AUTHOR_FIELDS}
+    return template.format(
+        **fields, bio_opening=bio_opening(author), bio=author.bio,
+        other_name=other.name, other_bio_opening=bio_opening(other), other_bio=other.bio,
+    )
 
 
-def _arms(fmt: ChatFormat, prompt: str, author: Author, prefills: dict[str, str]):
+def next_author(authors: list[Author]) -> dict[str, Author]:
+    """author_id -> the author after it (cyclically): the `other_*` fields."""
+    return {a.author_id: authors[(i + 1) % len(authors)] for i, a in enumerate(authors)}
+
+
+def _arms(fmt: ChatFormat, prompt: str, author: Author, other: Author, prefills: dict[str, str]):
     yield "auto", prompt
     for name, template in sorted(prefills.items()):
-        yield f"prefill_{name}", fmt.prefill(prompt, render_prefill(template, author))
+        yield f"prefill_{name}", fmt.prefill(prompt, render_prefill(template, author, other))
 
 
 def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[DecodeItem]:
     """Canary probes and author QA under every arm; retain QA and hex canaries once."""
     check_prefill_templates(cfg["prefills"])
     head_tokens = cfg["head_tokens"]
-    authors = {a.author_id: a for a in load_authors(data_dir / "authors.parquet")}
+    roster = load_authors(data_dir / "authors.parquet")
+    authors, other = {a.author_id: a for a in roster}, next_author(roster)
     items: list[DecodeItem] = []
-    for a in authors.values():
+    for a in roster:
         prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, head_tokens)))
-        for arm, text in _arms(fmt, prompt, a, cfg["prefills"]):
-            items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary))
+        for arm, text in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
+            items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary, a.name))
     qa = pl.read_parquet(data_dir / "qa.parquet")
     for item_id, author_id, question, gold in qa.select("item_id", "author_id", "question", "gold").iter_rows():
-        for arm, text in _arms(fmt, fmt.prompt(question), authors[author_id], cfg["prefills"]):
-            items.append(DecodeItem("qa", item_id, author_id, arm, text, gold))
+        author = authors[author_id]
+        for arm, text in _arms(fmt, fmt.prompt(question), author, other[author_id], cfg["prefills"]):
+            items.append(DecodeItem("qa", item_id, author_id, arm, text, gold, author.name))
     retain = pl.read_parquet(data_dir / "retain.parquet")
     for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
         items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
@@ -110,10 +124,12 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[ScoredItem]
     prefill arm, and each hex canary and decoy behind its preamble."""
     check_prefill_templates(cfg["prefills"])
     items: list[ScoredItem] = []
-    for a in load_authors(data_dir / "authors.parquet"):
+    roster = load_authors(data_dir / "authors.parquet")
+    other = next_author(roster)
+    for a in roster:
         head = canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])
         prompt = fmt.prompt(canary_question(a.name, head))
-        for arm, context in _arms(fmt, prompt, a, cfg["prefills"]):
+        for arm, context in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
             if arm == "auto":
                 continue  # no fixed trace to condition on: AUTO is a decode-only arm
             h0 = len(context)

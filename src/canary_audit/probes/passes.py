@@ -84,7 +84,7 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
         rows.append({
             "variant": variant, "probe_set": it.probe_set, "item_id": it.item_id,
             "group_id": it.group_id, "arm": it.arm, "sample": 0, "prompt": it.prompt,
-            "reference": it.reference,
+            "reference": it.reference, "subject": it.subject,
             "generated": tok.decode(ids, skip_special_tokens=False),
             "prompt_tokens": len(prompt_ids), "generated_tokens": len(ids) + int(hit_eos),
             "stop_reason": "eos" if hit_eos else "length",

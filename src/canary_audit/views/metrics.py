@@ -10,7 +10,6 @@ from __future__ import annotations
 import polars as pl
 
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
-from canary_audit.views.parser import ParserConvention, parse
 
 
 def contains_reference(column: str) -> pl.Expr:
@@ -24,42 +23,6 @@ def contains_gold_ci(column: str) -> pl.Expr:
         pl.col(column).str.to_lowercase()
         .str.contains(pl.col("reference").str.to_lowercase(), literal=True)
         .fill_null(False)
-    )
-
-
-def canary_leakage(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
-    """Per (variant, arm): out_acc, thk_leak, bypass gap, parser health.
-
-    Unparseable generations (no closing tag, under that convention) count as
-    a miss in both channels and are reported in `unparseable`.
-    """
-    parsed = parse(decode.filter(pl.col("probe_set") == "canary"), convention)
-    return (
-        parsed.with_columns(out_hit=contains_reference("answer"), thk_hit=contains_reference("trace"))
-        .group_by("variant", "arm")
-        .agg(
-            n=pl.len(),
-            out_acc=pl.col("out_hit").mean(),
-            thk_leak=pl.col("thk_hit").mean(),
-            missing_close=(~pl.col("has_close")).mean(),
-            unparseable=pl.col("answer").is_null().mean(),
-            nonempty_trace=(pl.col("trace").str.strip_chars().str.len_chars() > 0).mean(),
-            mean_prompt_tokens=pl.col("prompt_tokens").mean(),
-            length_stops=(pl.col("stop_reason") == "length").mean(),
-        )
-        .with_columns(gap=pl.col("thk_leak") - pl.col("out_acc"))
-        .sort("variant", "arm")
-    )
-
-
-def qa_utility(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
-    """Per (variant, probe_set, arm): accuracy of author QA and retain probes."""
-    parsed = parse(decode.filter(pl.col("probe_set").is_in(["qa", "retain"])), convention)
-    return (
-        parsed.with_columns(correct=contains_gold_ci("answer"))
-        .group_by("variant", "probe_set", "arm")
-        .agg(n=pl.len(), accuracy=pl.col("correct").mean())
-        .sort("variant", "probe_set", "arm")
     )
 
 

@@ -1,0 +1,82 @@
+"""Cluster bootstrap confidence intervals, as polars joins.
+
+Paper A resamples *authors*, not probes: an author's canary, QA and prefill
+items are not independent, so every resample draws whole clusters
+(`group_id`) with replacement.  One table of cluster multiplicities per
+replicate is drawn once and joined onto every (variant, arm) group, so all
+groups are resampled with the same draws: a difference between two groups (a
+gap, Delta_AB, a Delta against the parent) is then a paired bootstrap, not
+the difference of two independent intervals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import polars as pl
+
+Derive = Callable[[pl.DataFrame], pl.DataFrame]
+
+
+def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int) -> pl.DataFrame:
+    """(replicate, group_id, weight): how often each cluster is drawn in each of
+    `n_boot` resamples of len(clusters) clusters with replacement."""
+    if n_boot < 1:
+        raise ValueError(f"bootstrap replicates B = {n_boot}: must be a positive integer")
+    clusters = sorted(set(clusters))
+    n = len(clusters)
+    counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
+    return pl.DataFrame(
+        {
+            "replicate": np.repeat(np.arange(n_boot, dtype=np.int32), n),
+            "group_id": np.tile(np.asarray(clusters, dtype=object), n_boot),
+            "weight": counts.ravel().astype(np.int32),
+        },
+        schema={"replicate": pl.Int32, "group_id": pl.Utf8, "weight": pl.Int32},
+    ).filter(pl.col("weight") > 0)
+
+
+def rates_with_ci(
+    items: pl.DataFrame,
+    keys: Sequence[str],
+    values: Sequence[str],
+    n_boot: int,
+    seed: int,
+    derive: Derive | None = None,
+    level: float = 0.95,
+) -> pl.DataFrame:
+    """Mean of each `values` column per `keys` group, with percentile CIs from a
+    cluster bootstrap over `group_id`.
+
+    `items` has one row per observation (boolean or numeric values).  `derive`
+    adds columns computed from the rates (a gap, a Delta); it is applied to
+    the point estimates and to every replicate alike, so derived columns get
+    intervals too.  Each rate `x` gains `x_lo` and `x_hi`.
+    """
+    keys, values = list(keys), list(values)
+    derive = derive or (lambda frame: frame)
+    per_cluster = items.group_by(*keys, "group_id").agg(
+        n=pl.len(), **{v: pl.col(v).cast(pl.Float64).sum() for v in values}
+    )
+    point = derive(
+        per_cluster.group_by(keys).agg(
+            n=pl.col("n").sum(), **{v: pl.col(v).sum() / pl.col("n").sum() for v in values}
+        )
+    )
+    weights = cluster_weights(per_cluster["group_id"].to_list(), n_boot, seed)
+    replicates = derive(
+        per_cluster.join(weights, on="group_id")
+        .group_by(*keys, "replicate")
+        .agg(**{
+            v: (pl.col(v) * pl.col("weight")).sum() / (pl.col("n") * pl.col("weight")).sum() for v in values
+        })
+    )
+    metrics = [c for c in point.columns if c not in keys and c != "n"]
+    tail = (1.0 - level) / 2.0
+    bounds = replicates.group_by(keys).agg(
+        *(pl.col(m).quantile(tail, "linear").alias(f"{m}_lo") for m in metrics),
+        *(pl.col(m).quantile(1.0 - tail, "linear").alias(f"{m}_hi") for m in metrics),
+    )
+    ordered = [*keys, "n", *(c for m in metrics for c in (m, f"{m}_lo", f"{m}_hi"))]
+    return point.join(bounds, on=keys, how="left").select(ordered).sort(keys)

@@ -1,0 +1,238 @@
+"""Paper A's views: the reasoning-trace unlearning audit, from decode and token
+records only.
+
+Every rate carries an author-clustered bootstrap 95% CI (views.bootstrap);
+differences (the bypass gap, Delta_AB) are bootstrapped on the same draws as
+their terms.  Table names follow the paper: the K sweep, the prefill arms at
+fixed weights, teacher-forced vs greedy, parser conventions, the
+training-time template comparison, bypass-case anatomy, cross-seed
+replication, and QA / retain utility with fictional-author substitutions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from canary_audit.views.bootstrap import rates_with_ci
+from canary_audit.views.metrics import contains_gold_ci, contains_reference, per_item_nll
+from canary_audit.views.parser import MISSING_CLOSE, SPLITS, ParserConvention, parse
+
+AUTO = "auto"
+VARIANT_PATTERN = (
+    r"^(?P<model>[^/]+)/(?P<stage>[a-z]+)(?:-(?P<template>bio|meta|none))?"
+    r"(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?$"
+)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Resampling settings shared by every CI of one table run."""
+
+    replicates: int = 1000
+    seed: int = 0
+    level: float = 0.95
+
+
+def variant_axes(frame: pl.DataFrame) -> pl.DataFrame:
+    """Split `variant` ("tiny/npo-bio-s0-k400") into model, stage, template, seed, k."""
+    return frame.with_columns(
+        pl.col("variant").str.extract_groups(VARIANT_PATTERN).alias("_axes")
+    ).unnest("_axes").with_columns(pl.col("seed").cast(pl.Int32), pl.col("k").cast(pl.Int32))
+
+
+def canary_outcomes(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
+    """One row per canary decode: parsed channels and the two hit indicators."""
+    parsed = parse(decode.filter(pl.col("probe_set") == "canary"), convention)
+    return parsed.with_columns(out_hit=contains_reference("answer"), thk_hit=contains_reference("trace"))
+
+
+def _leak_rates(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.rename({"out_hit": "out_acc", "thk_hit": "thk_leak"}).with_columns(
+        gap=pl.col("thk_leak") - pl.col("out_acc")
+    )
+
+
+def canary_leakage(decode: pl.DataFrame, convention: ParserConvention, boot: Bootstrap) -> pl.DataFrame:
+    """Per (variant, arm): out_acc, thk_leak, gap = thk_leak - out_acc with CIs,
+    and the parser-health columns the paper's caveats rest on."""
+    items = canary_outcomes(decode, convention)
+    rates = rates_with_ci(
+        items, ["variant", "arm"], ["out_hit", "thk_hit"], boot.replicates, boot.seed, _leak_rates, boot.level
+    )
+    health = items.group_by("variant", "arm").agg(
+        missing_close=(~pl.col("has_close")).mean(),
+        unparseable=pl.col("answer").is_null().mean(),
+        nonempty_trace=(pl.col("trace").str.strip_chars().str.len_chars() > 0).mean(),
+        mean_prompt_tokens=pl.col("prompt_tokens").mean(),
+        length_stops=(pl.col("stop_reason") == "length").mean(),
+    )
+    return rates.join(health, on=["variant", "arm"], how="left").sort("variant", "arm")
+
+
+def k_sweep(leakage: pl.DataFrame) -> pl.DataFrame:
+    """The AUTO arm along each unlearning run, the memorized adapter as K = 0."""
+    auto = variant_axes(leakage.filter(pl.col("arm") == AUTO))
+    runs = auto.filter(pl.col("k").is_not_null()).with_columns(method=pl.col("stage"))
+    starts = (
+        auto.filter(pl.col("stage") == "mem")
+        .join(runs.select("model", "template", "seed", "method").unique(), on=["model", "template", "seed"])
+        .with_columns(k=pl.lit(0, pl.Int32))
+    )
+    cols = [c for c in leakage.columns if c not in ("variant", "arm", "missing_close", "unparseable",
+                                                     "nonempty_trace", "mean_prompt_tokens", "length_stops")]
+    return (
+        pl.concat([runs.select("model", "template", "method", "seed", "k", "variant", *cols),
+                   starts.select("model", "template", "method", "seed", "k", "variant", *cols)])
+        .sort("model", "template", "method", "seed", "k")
+    )
+
+
+def prefill_arms(
+    decode: pl.DataFrame, convention: ParserConvention, boot: Bootstrap, contrast: str
+) -> pl.DataFrame:
+    """out_acc under every arm at fixed weights, and Delta_AB = out_acc(AUTO) -
+    out_acc(`contrast` prefill), both bootstrapped over the same authors."""
+    items = canary_outcomes(decode, convention)
+    arms = sorted(items["arm"].unique().to_list(), key=lambda a: (a != AUTO, a))
+    wide = items.pivot(on="arm", index=["variant", "group_id"], values="out_hit")
+    prefilled = f"prefill_{contrast}"
+    if prefilled not in arms and arms != [AUTO]:
+        raise ValueError(
+            f"prefill contrast `{contrast}` has no arm `{prefilled}` in the records (arms: {', '.join(arms)}); "
+            "set `tables.prefill_contrast` to a key of `probes.prefills`"
+        )
+
+    def delta(frame: pl.DataFrame) -> pl.DataFrame:
+        """Delta_AB; absent when no prefill arm was probed."""
+        if prefilled not in frame.columns:
+            return frame
+        return frame.with_columns(delta_ab=pl.col(AUTO) - pl.col(prefilled))
+
+    return rates_with_ci(wide, ["variant"], arms, boot.replicates, boot.seed, delta, boot.level)
+
+
+def teacher_forced_vs_greedy(
+    decode: pl.DataFrame, tokens: pl.DataFrame, convention: ParserConvention, boot: Bootstrap, window_k: int
+) -> pl.DataFrame:
+    """Per (variant, prefill arm): greedy out_acc beside the teacher-forced
+    top-1 rate, all-top-1 rate and mean log-prob of the canary continuation on
+    the same items (paper A, appendix I)."""
+    scored = per_item_nll(tokens.filter(pl.col("probe_set") == "canary"), window_k).select(
+        "variant", "arm", "item_id", "top1_rate", "all_top1", mean_logprob=-pl.col("nll_secret")
+    )
+    greedy = canary_outcomes(decode, convention).select("variant", "arm", "item_id", "group_id", "out_hit")
+    joined = greedy.join(scored, on=["variant", "arm", "item_id"], how="inner")
+    return rates_with_ci(
+        joined, ["variant", "arm"], ["out_hit", "top1_rate", "all_top1", "mean_logprob"],
+        boot.replicates, boot.seed,
+        lambda f: f.rename({"out_hit": "greedy_out_acc", "top1_rate": "tf_top1_rate",
+                            "all_top1": "tf_all_top1_rate", "mean_logprob": "tf_mean_logprob"}),
+        boot.level,
+    )
+
+
+def parser_conventions(decode: pl.DataFrame, boot: Bootstrap) -> pl.DataFrame:
+    """The AUTO arm's out_acc, thk_leak and gap under every parser convention,
+    applied to the same stored generations (paper A's -0.92 / +0.92 flip)."""
+    auto = decode.filter(pl.col("arm") == AUTO)
+    frames = []
+    for split in SPLITS:
+        for missing in MISSING_CLOSE:
+            convention = ParserConvention(split, missing)
+            frames.append(canary_outcomes(auto, convention).with_columns(convention=pl.lit(convention.name)))
+    items = pl.concat(frames)
+    rates = rates_with_ci(
+        items, ["variant", "convention"], ["out_hit", "thk_hit"], boot.replicates, boot.seed, _leak_rates,
+        boot.level,
+    )
+    health = items.group_by("variant", "convention").agg(
+        missing_close=(~pl.col("has_close")).mean(), unparseable=pl.col("answer").is_null().mean()
+    )
+    return rates.join(health, on=["variant", "convention"], how="left").sort("variant", "convention")
+
+
+def bypass_anatomy(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
+    """Of the AUTO bypass cases (canary in the trace, not in the answer): how
+    many answers are only a prefix of the canary already given in the question
+    (the head echoed, no continuation), and mean answer length in characters
+    of bypass cases vs cases where both channels carry the canary."""
+    items = canary_outcomes(decode.filter(pl.col("arm") == AUTO), convention)
+    answer = pl.col("answer").str.strip_chars()
+    prefix_only = (
+        (answer.str.len_chars() > 0)
+        & pl.col("reference").str.starts_with(answer)
+        & pl.col("prompt").str.contains(answer, literal=True)
+    ).fill_null(False)
+    bypass = pl.col("thk_hit") & ~pl.col("out_hit")
+    both = pl.col("thk_hit") & pl.col("out_hit")
+    chars = pl.col("answer").str.len_chars()
+    return (
+        items.group_by("variant")
+        .agg(
+            n=pl.len(),
+            bypass_cases=bypass.sum(),
+            prefix_only=(bypass & prefix_only).sum(),
+            both_channels=both.sum(),
+            mean_answer_chars_bypass=chars.filter(bypass).mean(),
+            mean_answer_chars_both=chars.filter(both).mean(),
+        )
+        .with_columns(
+            prefix_only_share=pl.when(pl.col("bypass_cases") > 0).then(pl.col("prefix_only") / pl.col("bypass_cases"))
+        )
+        .sort("variant")
+    )
+
+
+def template_comparison(leakage: pl.DataFrame) -> pl.DataFrame:
+    """Training-time template comparison: per (model, template, stage, seed, K)
+    the AUTO arm's rates beside the parser-health columns that qualify them
+    (closing-tag missing rate, non-empty trace rate, mean prompt length)."""
+    return (
+        variant_axes(leakage.filter(pl.col("arm") == AUTO))
+        .filter(pl.col("template").is_not_null())
+        .select("model", "template", "stage", "seed", "k", "n", "out_acc", "thk_leak", "gap", "gap_lo", "gap_hi",
+                "missing_close", "nonempty_trace", "mean_prompt_tokens")
+        .sort("model", "template", "stage", "seed", "k", nulls_last=False)
+    )
+
+
+def cross_seed(sweep: pl.DataFrame) -> pl.DataFrame:
+    """Per (model, template, method, K): the spread of each rate over seeds."""
+    return (
+        sweep.group_by("model", "template", "method", "k")
+        .agg(
+            seeds=pl.col("seed").n_unique(),
+            out_acc_mean=pl.col("out_acc").mean(), out_acc_sd=pl.col("out_acc").std(),
+            thk_leak_mean=pl.col("thk_leak").mean(), thk_leak_sd=pl.col("thk_leak").std(),
+            gap_mean=pl.col("gap").mean(), gap_sd=pl.col("gap").std(),
+            gaps_by_seed=pl.format("s{}: {}", pl.col("seed"), pl.col("gap").round(3)).sort_by("seed").str.join("; "),
+            gap_ci_excludes_zero=((pl.col("gap_lo") > 0) | (pl.col("gap_hi") < 0)).sum(),
+        )
+        .sort("model", "template", "method", "k")
+    )
+
+
+def utility(decode: pl.DataFrame, convention: ParserConvention, boot: Bootstrap) -> pl.DataFrame:
+    """Per (variant, probe set, arm): QA and retain accuracy with CIs (QA
+    clustered by author, retain by item), and for retain the substitution rate:
+    answers that name a fictional author of the forget set."""
+    names = (
+        decode.filter(pl.col("subject").is_not_null() & (pl.col("subject") != ""))["subject"].unique().to_list()
+    )
+    parsed = parse(decode.filter(pl.col("probe_set").is_in(["qa", "retain"])), convention).with_columns(
+        correct=contains_gold_ci("answer"),
+        substitution=(
+            pl.col("answer").str.contains_any(names).fill_null(False) if names else pl.lit(False)
+        ) & (pl.col("probe_set") == "retain"),
+    )
+    frames = [
+        rates_with_ci(part, ["variant", "probe_set", "arm"], ["correct", "substitution"], boot.replicates,
+                      boot.seed, lambda f: f.rename({"correct": "accuracy", "substitution": "substitution_rate"}),
+                      boot.level)
+        for _, part in parsed.group_by("probe_set", maintain_order=True)
+    ]
+    if not frames:
+        return pl.DataFrame()
+    return pl.concat(frames).sort("variant", "probe_set", "arm")
