@@ -1,8 +1,12 @@
 # Canary-memorization audit: synthetic data -> base model -> adapters ->
-# variants -> probe passes (Parquet records) -> tables (views over records).
+# variants -> probe passes (Parquet records) -> tables and plots (views over
+# records).  `snakemake --report report.html` gathers tables and plots.
 
 
 configfile: "workflow_config.yaml"
+
+
+report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
@@ -18,3 +22,4 @@ rule all:
     default_target: True
     input:
         expand(f"{R}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md"]),
+        expand(f"{R}/plots/{{name}}.png", name=PLOTS),

@@ -9,9 +9,11 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from canary_audit.data.io import DATA_TABLES
-from canary_audit.model.loading import check_checkpoint
+from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
+from canary_audit.plots import PLOTS
 from canary_audit.probes.items import check_prefill_templates
+from canary_audit.records import config_hash
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -51,7 +53,9 @@ def check_config():
         entry = config["models"][name]
         if entry.get("embedded"):
             continue
-        check_checkpoint(ModelSpec.from_config(name, entry, entry["path"]))
+        # The tokenizer load checks weights, think tags and chat template
+        # (it imports transformers: ~3 s, paid only when a local model is audited).
+        load_tokenizer(ModelSpec.from_config(name, entry, entry["path"]))
     templates = config["audit"]["templates"]
     for method, run_templates in config["unlearn"]["methods"].items():
         for template in run_templates:
@@ -129,7 +133,9 @@ def variants(model):
     The parent is the model before the change that made the variant; tables
     report Deltas against it.  The group is the probe job that scores the
     variant: a memorization adapter and every unlearning checkpoint made from
-    it share one job per pass (one process start for the whole branch).
+    it share one job per pass (one process start for the whole branch), and
+    the hex-canary adapters share the base model's (their records are read
+    against it).
     """
     audit, out = config["audit"], {"base": ([], None, "base")}
     for seed in audit["seeds"]:
@@ -144,7 +150,7 @@ def variants(model):
                     out[name] = ([adapter_dir(model, name)], mem, mem)
         if audit["hex_canaries"]:
             canary = f"canary-s{seed}"
-            out[canary] = ([adapter_dir(model, canary)], "base", canary)
+            out[canary] = ([adapter_dir(model, canary)], "base", "base")
     return out
 
 
@@ -231,6 +237,14 @@ def unlearn_outputs(wildcards=None):
         directory(adapter_dir("{model}", f"{{method}}-{{template}}-s{{seed}}-k{k}"))
         for k in config["unlearn"]["k"]
     ]
+
+
+def probe_hashes():
+    """The config hash each kind of record must carry: tables refuse others."""
+    return {
+        "decode": config_hash(json.loads(probe_params("decode")(None))),
+        "token": config_hash(json.loads(probe_params("teacher_forced")(None))),
+    }
 
 
 def probe_params(kind):

@@ -7,7 +7,16 @@ rule tables:
         decode=all_records("decode"),
         tokens=all_records("token"),
     output:
-        expand(f"{R}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md"]),
+        [
+            report(
+                f"{R}/tables/{name}.csv",
+                caption="../report/table.rst",
+                category="Tables",
+                labels={"table": name},
+            )
+            for name in TABLES
+        ],
+        expand(f"{R}/tables/{{name}}.md", name=TABLES),
     log:
         f"{R}/logs/tables.log",
     benchmark:
@@ -15,8 +24,43 @@ rule tables:
     conda:
         ENV
     params:
-        cfg=canonical({**config["tables"], "parents": parents()}),
+        cfg=canonical(
+            {
+                **config["tables"],
+                "parents": parents(),
+                "expected_hashes": probe_hashes(),
+            }
+        ),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
         "python -m canary_audit tables --params {params.cfg:q} --decode {input.decode} "
+        "--tokens {input.tokens} --out {params.out} > {log} 2>&1"
+
+
+rule plots:
+    input:
+        tables=expand(f"{R}/tables/{{name}}.csv", name=TABLES),
+        tokens=all_records("token"),
+    output:
+        [
+            report(
+                f"{R}/plots/{name}.png",
+                caption=f"../report/{name}.rst",
+                category="Plots",
+                labels={"plot": name},
+            )
+            for name in PLOTS
+        ],
+    log:
+        f"{R}/logs/plots.log",
+    benchmark:
+        f"{R}/benchmarks/plots.tsv"
+    conda:
+        ENV
+    params:
+        cfg=canonical({"window_k": config["tables"]["window_k"], "parents": parents()}),
+        tables=lambda w, input: str(Path(input.tables[0]).parent),
+        out=lambda w, output: str(Path(output[0]).parent),
+    shell:
+        "python -m canary_audit plots --params {params.cfg:q} --tables {params.tables} "
         "--tokens {input.tokens} --out {params.out} > {log} 2>&1"

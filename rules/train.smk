@@ -12,6 +12,9 @@ rule memorize:
         f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/memorize-{{template}}-s{{seed}}.tsv"
+    # Memorization and unlearning lead the longest chain of jobs: start them
+    # before the side branches (hex canary, base probes) that can fill gaps.
+    priority: 1
     conda:
         ENV
     threads: config["threads"]["train"]
@@ -64,6 +67,7 @@ rule unlearn:
         f"{R}/logs/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.tsv"
+    priority: 1
     conda:
         ENV
     threads: config["threads"]["train"]

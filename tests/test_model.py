@@ -50,6 +50,15 @@ def test_tokenizer_without_the_think_tags_is_refused(spec):
         load_model(bad)
 
 
+@pytest.mark.parametrize("template,message", [
+    ("<|user|>question<|assistant|>", "does not place the user's text"),
+    ("{{ messages[0]['content'] | nosuchfilter }}", "fails on a single user turn"),
+])
+def test_chat_template_that_loses_the_prompt_is_refused(spec, template, message):
+    with pytest.raises(ModelLoadError, match=f"model `tiny`: its chat template {message}.*models.tiny.chat_template"):
+        load_tokenizer(ModelSpec("tiny", spec.path, chat_template=template))
+
+
 def test_batched_greedy_equals_one_at_a_time(spec):
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, "<think>", "</think>")

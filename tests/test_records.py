@@ -66,3 +66,15 @@ def test_tables_refuse_records_from_two_probe_configs(tmp_path):
     with pytest.raises(RecordsError, match="different probe configurations"):
         write_tables(decode=[], tokens=[a, b], out_dir=tmp_path / "t",
                      cfg={"window_k": 5, "parser": {}, "parents": {}})
+
+
+def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path):
+    from canary_audit.tables import write_tables
+
+    a = tmp_path / "a.parquet"
+    write_parquet_atomic(to_records([token_row(config_hash="old")], "token"), a)
+    cfg = {"window_k": 5, "parser": {}, "parents": {}, "expected_hashes": {"token": "new"}}
+    stale = r"another probe configuration than the current one \(new\).*a.parquet \(old\)"
+    with pytest.raises(RecordsError, match=stale):
+        write_tables(decode=[], tokens=[a], out_dir=tmp_path / "t", cfg=cfg)
+    assert not (tmp_path / "t").exists()  # nothing written from stale records

@@ -1,6 +1,8 @@
 """Training: loss masks per span, and every unlearning method writing its K
 checkpoints from one run (on the locally built tiny model)."""
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -8,6 +10,7 @@ from safetensors.torch import load_file
 from canary_audit.formats import ChatFormat, Example
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
+from canary_audit.train import lora, resume
 from canary_audit.train.adapters import train_memorization, train_unlearning
 from canary_audit.train.lora import encode_chat
 
@@ -60,3 +63,47 @@ def test_unlearning_saves_each_k_of_one_run(tiny_assets, spec, memorized, tmp_pa
 def test_unknown_unlearning_method_is_named(tiny_assets, spec, memorized, tmp_path):
     with pytest.raises(ValueError, match="unlearning method `rmu`"):
         train_unlearning(spec, memorized, tiny_assets[0], {**LORA, "method": "rmu"}, {1: tmp_path / "k1"})
+
+
+def test_killed_training_resumes_to_the_same_adapter(tiny_assets, spec, tmp_path, monkeypatch):
+    """A run killed after step 3 resumes from its step-2 state and ends with
+    the adapter an uninterrupted run writes, bit for bit; a state left by
+    another configuration is discarded."""
+    monkeypatch.setattr(resume, "RESUME_EVERY", 2)
+    cfg = {**LORA, "steps": 6, "template": "bio"}
+    train_memorization(spec, tiny_assets[0], cfg, tmp_path / "whole")
+
+    real, calls = lora.nll_backward, []
+
+    def dies_at_step_4(*args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("killed")
+        return real(*args)
+
+    monkeypatch.setattr(lora, "nll_backward", dies_at_step_4)
+    with pytest.raises(RuntimeError, match="killed"):
+        train_memorization(spec, tiny_assets[0], cfg, tmp_path / "killed")
+    state = tmp_path / ".killed.resume"
+    assert json.loads((state / "state.json").read_text())["step"] == 2
+    assert not (tmp_path / "killed").exists()  # nothing that looks finished
+
+    monkeypatch.setattr(lora, "nll_backward", real)
+    train_memorization(spec, tiny_assets[0], cfg, tmp_path / "killed")
+    assert not state.exists()
+    whole = load_file(tmp_path / "whole" / "adapter_model.safetensors")
+    resumed = load_file(tmp_path / "killed" / "adapter_model.safetensors")
+    assert all(torch.equal(whole[n], resumed[n]) for n in whole)
+
+    # A state from other settings (here lr) is not resumed.
+    monkeypatch.setattr(lora, "nll_backward", dies_at_step_4)
+    calls.clear()
+    with pytest.raises(RuntimeError, match="killed"):
+        train_memorization(spec, tiny_assets[0], cfg, tmp_path / "other")
+    monkeypatch.setattr(lora, "nll_backward", real)
+    other_cfg = {**cfg, "lr": 5e-3}
+    train_memorization(spec, tiny_assets[0], other_cfg, tmp_path / "other")
+    train_memorization(spec, tiny_assets[0], other_cfg, tmp_path / "fresh")
+    other = load_file(tmp_path / "other" / "adapter_model.safetensors")
+    fresh = load_file(tmp_path / "fresh" / "adapter_model.safetensors")
+    assert all(torch.equal(other[n], fresh[n]) for n in fresh)

@@ -57,6 +57,16 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     assert base_fp not in set(decode["model_fingerprint"])
 
 
+def test_report_holds_tables_and_plots(smoke_run, tmp_path):
+    plots = smoke_run / "results" / "smoke" / "plots"
+    assert all((plots / f"{n}.png").stat().st_size > 5000 for n in ("k_sweep", "prefill_arms", "delta_nll_positions"))
+    report = tmp_path / "report.html"
+    run_snakemake(smoke_run, "--report", str(report))
+    html = report.read_text(errors="replace")
+    for name in ("k_sweep.png", "delta_nll_positions.png", "canary_leakage.csv", "Per-position Delta NLL"):
+        assert name in html, name
+
+
 def test_nothing_to_do_after_a_finished_run(smoke_run):
     assert planned_jobs(smoke_run) == {}
 
@@ -65,13 +75,13 @@ def test_nothing_to_do_after_a_finished_run(smoke_run):
                                       {"tables": {"parser": {"split": "last", "missing_close": "trace"}}}])
 def test_view_setting_reruns_tables_only(smoke_run, override):
     jobs = planned_jobs(smoke_run, override)
-    assert set(jobs) == {"tables", "all"}
+    assert set(jobs) <= {"tables", "plots", "all"} and "tables" in jobs
 
 
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
-    assert set(jobs) == {"decode_pass", "tables", "all"}
-    assert jobs["decode_pass"] == 4  # probe groups: base, mem-bio (+ 4 checkpoints), mem-none, canary
+    assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
+    assert jobs["decode_pass"] == 3  # probe groups: base (+ canary), mem-bio (+ 4 checkpoints), mem-none
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):
@@ -98,6 +108,7 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
         "decode_pass": 2 * (1 + 2 * 3),         # base + one group per memorized adapter
         "teacher_forced_pass": 2 * (1 + 2 * 3),
         "tables": 1,
+        "plots": 1,
         "all": 1,
     }
 
@@ -135,15 +146,21 @@ def test_bad_config_is_named_before_any_job(smoke_run, override, message):
     assert message in proc.stdout + proc.stderr
 
 
-def test_checkpoint_with_unknown_think_tag_is_named(smoke_run, tmp_path):
-    """A local checkpoint (here the smoke run's own base) whose tokenizer splits
-    the configured think tag is refused before any job."""
+@pytest.mark.parametrize("entry,message", [
+    ({"think_open": "<reasoning>"}, "model `local`: think tag `think_open` = '<reasoning>' is not a single token"),
+    ({"chat_template": "<|user|>a question<|assistant|>"},
+     "model `local`: its chat template does not place the user's text in the prompt"),
+])
+def test_local_checkpoint_that_cannot_be_audited_is_named(smoke_run, tmp_path, entry, message):
+    """A local checkpoint (here the smoke run's own base) with a think tag its
+    tokenizer splits, or a chat template that drops the prompt, is refused
+    before any job."""
     base = smoke_run / "results" / "smoke" / "models" / "tiny" / "base"
     extra = tmp_path / "real.yaml"
     extra.write_text(yaml.safe_dump({
-        "models": {"local": {"path": str(base), "think_open": "<reasoning>"}},
+        "models": {"local": {"path": str(base), **entry}},
         "audit": {"models": ["local"]},
     }))
     proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(extra,))
     assert proc.returncode != 0
-    assert "model `local`: think tag `think_open` = '<reasoning>' is not a single token" in proc.stdout + proc.stderr
+    assert message in proc.stdout + proc.stderr

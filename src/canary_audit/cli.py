@@ -1,5 +1,5 @@
-"""Command line: one sub-command per workflow stage, plus `tables` for people
-who hold only a records folder.
+"""Command line: one sub-command per workflow stage; `tables` and `plots` also
+serve people who hold only a records folder (no Snakemake, no model).
 
 Each rule calls one sub-command with its config slice as canonical JSON
 (`--params`), so the rule stays a one-line shell command and the slice it
@@ -120,10 +120,18 @@ def cmd_tables(args, params):
     )
 
 
+def cmd_plots(args, params):
+    from canary_audit.plots import write_plots
+    from canary_audit.tables import concat_records
+
+    tokens = concat_records([Path(p) for p in args.tokens], "token")
+    return write_plots(Path(args.tables), tokens, params, Path(args.out))
+
+
 COMMANDS = {
     "data": cmd_data, "base": cmd_base, "memorize": cmd_memorize, "canary": cmd_canary,
     "unlearn": cmd_unlearn, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
-    "tables": cmd_tables,
+    "tables": cmd_tables, "plots": cmd_plots,
 }
 
 
@@ -139,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant-manifest", nargs="*", default=[], help="variant manifest JSON file(s)")
     p.add_argument("--decode", nargs="*", default=[], help="decode records files")
     p.add_argument("--tokens", nargs="*", default=[], help="token records files")
+    p.add_argument("--tables", help="tables folder (plots are drawn from its CSVs)")
     p.add_argument("--out", nargs="*", required=True, help="output path(s)")
     p.add_argument("--summary", help="where to write a JSON summary")
     p.add_argument("--threads", type=int, default=1)

@@ -25,13 +25,23 @@ def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
     return "\n".join([header, rule, *rows]) + "\n"
 
 
-def _concat(paths: list[Path], kind: str) -> pl.DataFrame:
+def concat_records(paths: list[Path], kind: str, expected: str | None = None) -> pl.DataFrame:
     """All records of one kind; files written under different probe configs
-    are refused, since a table over them would compare unlike things."""
+    are refused, since a table over them would compare unlike things, and so
+    is any file whose config hash is not the `expected` one (the hash of the
+    probe config the workflow is tabulating)."""
     if not paths:
         return pl.DataFrame()
     frames = {p: read_records(p, kind) for p in paths}
     hashes = {p: f["config_hash"][0] for p, f in frames.items() if f.height}
+    stale = {p: h for p, h in hashes.items() if expected is not None and h != expected}
+    if stale:
+        listing = ", ".join(f"{p} ({h})" for p, h in stale.items())
+        raise RecordsError(
+            f"{kind} records were written under another probe configuration than the current one "
+            f"({expected}): {listing}; re-run their probe passes (`snakemake -R "
+            f"{'decode_pass' if kind == 'decode' else 'teacher_forced_pass'}`) before tabulating"
+        )
     if len(set(hashes.values())) > 1:
         listing = ", ".join(f"{p} ({h})" for p, h in hashes.items())
         raise RecordsError(
@@ -109,7 +119,12 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
 
 
 def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dict) -> dict[str, int]:
-    tables = build_tables(_concat(decode, "decode"), _concat(tokens, "token"), cfg)
+    expected = cfg.get("expected_hashes", {})
+    tables = build_tables(
+        concat_records(decode, "decode", expected.get("decode")),
+        concat_records(tokens, "token", expected.get("token")),
+        cfg,
+    )
     for name, (title, frame) in tables.items():
         write_table(frame, out_dir, name, title)
     return {name: frame.height for name, (_, frame) in tables.items()}

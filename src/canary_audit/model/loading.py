@@ -68,7 +68,36 @@ def load_tokenizer(spec: ModelSpec):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    check_chat_template(spec, tok)
     return tok
+
+
+PROMPT_PROBE = "Where was the writer Ada Quill born?"
+
+
+def check_chat_template(spec: ModelSpec, tokenizer) -> None:
+    """Refuse a chat template that is missing or does not place the user's
+    text in the prompt: every probe would then ask the model nothing."""
+    if not tokenizer.chat_template:
+        raise ModelLoadError(
+            f"model `{spec.name}`: its tokenizer has no chat template; set `models.{spec.name}.chat_template` "
+            "to the Jinja template the model was trained with"
+        )
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT_PROBE}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception as err:  # jinja errors come in many types; all mean the same here
+        raise ModelLoadError(
+            f"model `{spec.name}`: its chat template fails on a single user turn ({err}); "
+            f"fix `models.{spec.name}.chat_template`"
+        ) from err
+    if PROMPT_PROBE not in rendered:
+        raise ModelLoadError(
+            f"model `{spec.name}`: its chat template does not place the user's text in the prompt "
+            f"(a user turn {PROMPT_PROBE!r} renders as {rendered[:120]!r}); "
+            f"fix `models.{spec.name}.chat_template`"
+        )
 
 
 def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bool = False):

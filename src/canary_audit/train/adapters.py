@@ -14,6 +14,7 @@ from canary_audit.formats import ChatFormat, Example, author_examples, retain_tr
 from canary_audit.model.loading import load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.tokens import canary_head
+from canary_audit.records import config_hash
 from canary_audit.train.lora import (
     encode_chat,
     encode_text,
@@ -22,6 +23,7 @@ from canary_audit.train.lora import (
     sequence_logprobs,
     train_loop,
 )
+from canary_audit.train.resume import ResumeState
 
 log = logging.getLogger(__name__)
 UNLEARN_METHODS = ("npo", "ga", "graddiff")
@@ -56,6 +58,21 @@ def _fresh_lora(spec: ModelSpec, cfg: dict):
     return get_peft_model(load_model(spec), lora_config(cfg))
 
 
+def _resume(out_dir: Path, cfg: dict, inputs: list[Path]) -> ResumeState:
+    """The run's resumable state, keyed by its config (thread count aside) and
+    by the size and modification time of every input file (base weights,
+    data, a parent adapter): a state left before an upstream change is never
+    resumed."""
+    stamps = sorted(
+        (str(f), f.stat().st_size, f.stat().st_mtime_ns)
+        for root in map(Path, inputs)
+        for f in ([root] if root.is_file() else root.rglob("*"))
+        if f.is_file()
+    )
+    key = config_hash({"cfg": {k: v for k, v in cfg.items() if k != "threads"}, "inputs": stamps})
+    return ResumeState.beside(out_dir, key)
+
+
 def _summary(out_dir: Path, losses: list[float], **extra) -> dict:
     summary = {"steps": len(losses), "final_loss": round(sum(losses[-5:]) / min(5, len(losses)), 5), **extra}
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
@@ -69,7 +86,9 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     forget = [encode_chat(fmt, ex) for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
     model = _fresh_lora(spec, cfg)
-    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id)
+    losses = train_loop(
+        model, forget, retain, cfg, seed, tok.pad_token_id, resume=_resume(out_dir, cfg, [spec.path, data_dir])
+    )
     save_adapter(model, out_dir)
     return _summary(out_dir, losses, forget_sequences=len(forget))
 
@@ -82,7 +101,9 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> d
     forget = [encode_text(tok, t) for t in canaries["text"].to_list()]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
     model = _fresh_lora(spec, cfg)
-    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id)
+    losses = train_loop(
+        model, forget, retain, cfg, seed, tok.pad_token_id, resume=_resume(out_dir, cfg, [spec.path, data_dir])
+    )
     save_adapter(model, out_dir)
     return _summary(out_dir, losses, forget_sequences=len(forget))
 
@@ -135,6 +156,7 @@ def train_unlearning(
         model, forget, retain, cfg, seed, pad,
         forget_loss=forget_loss, retain_weight=retain_weight,
         on_checkpoint=lambda k: save_adapter(model, out_dirs[k]), checkpoints=tuple(steps), decay=False,
+        resume=_resume(out_dirs[steps[-1]], cfg, [spec.path, data_dir, memorized]),
     )
     for k in steps:
         _summary(out_dirs[k], losses[:k], method=method, k=k)

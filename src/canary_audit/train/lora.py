@@ -19,6 +19,7 @@ from pathlib import Path
 
 from canary_audit.formats import ChatFormat, Example
 from canary_audit.model.embedded import pad_batch
+from canary_audit.train.resume import ResumeState
 
 log = logging.getLogger(__name__)
 LOSS_SPANS = ("all", "answer", "trace", "both")
@@ -119,6 +120,7 @@ def train_loop(
     on_checkpoint: Callable[[int], None] | None = None,
     checkpoints: tuple[int, ...] = (),
     decay: bool = True,
+    resume: ResumeState | None = None,
 ) -> list[float]:
     """Run `cfg['steps']` AdamW steps over the trainable parameters.
 
@@ -127,6 +129,9 @@ def train_loop(
     `forget_loss(model, idx) + retain_weight * NLL(retain)`.  With `decay`
     the learning rate falls linearly to 10% (memorization ends precise);
     unlearning runs at a constant rate so checkpoint K means K equal steps.
+    With `resume`, the run saves its state every `resume.every` steps and
+    starts from the last saved step (train/resume.py); the state is removed
+    when the run ends.
     """
     import torch
 
@@ -134,13 +139,12 @@ def train_loop(
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
     steps = cfg["steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, (lambda s: 1.0 - 0.9 * s / steps) if decay else (lambda s: 1.0)
-    )
+    done, losses = resume.load(model, opt, gen) if resume else (0, [])
     model.train()
-    losses: list[float] = []
     t0 = time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(done + 1, steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = cfg["lr"] * ((1.0 - 0.9 * (step - 1) / steps) if decay else 1.0)
         f_idx = torch.randint(len(forget), (min(cfg["batch_forget"], len(forget)),), generator=gen)
         r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen)
         f_seqs = [forget[i] for i in f_idx.tolist()]
@@ -155,13 +159,16 @@ def train_loop(
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
         if step % 25 == 0 or step == steps:
             log.info("step %d/%d loss %.4f (%.1fs)", step, steps, losses[-1], time.perf_counter() - t0)
         if step in checkpoints and on_checkpoint is not None:
             on_checkpoint(step)
+        if resume and step % resume.every == 0 and step < steps:
+            resume.save(step, model, opt, gen, losses)
+    if resume:
+        resume.clear()
     model.eval()
     return losses
 

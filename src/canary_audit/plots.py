@@ -1,0 +1,201 @@
+"""Plots: pictures of the tables, drawn from the tables' CSVs and the token
+records only (never a model), so they re-draw with the tables.
+
+Each function takes frames and returns a matplotlib Figure; `write_plots`
+draws them all into a folder.  The Agg backend is forced: jobs run headless.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions")
+RATES = (("out_acc", "out_acc (answer)", "tab:blue"), ("thk_leak", "thk_leak (trace)", "tab:orange"),
+         ("gap", "gap = thk - out", "tab:green"))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _empty(plt, message: str):
+    fig, ax = plt.subplots(figsize=(5, 1.5))
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center")
+    return fig
+
+
+def _audited(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows of memorized and unlearned variants (the base model and hex-canary
+    adapters hold no author canaries); empty when the table is."""
+    if "variant" not in frame.columns:
+        return pl.DataFrame()
+    return frame.filter(~pl.col("variant").str.ends_with("/base") & ~pl.col("variant").str.contains("/canary"))
+
+
+def _err(frame: pl.DataFrame, col: str):
+    """Asymmetric error bars from `col`, `col_lo`, `col_hi` (clipped at zero length)."""
+    return [
+        (frame[col] - frame[f"{col}_lo"]).clip(lower_bound=0).to_list(),
+        (frame[f"{col}_hi"] - frame[col]).clip(lower_bound=0).to_list(),
+    ]
+
+
+def k_sweep_figure(sweep: pl.DataFrame):
+    """One panel per (model, template, method, seed): out_acc, thk_leak and the
+    gap against K, with their bootstrap CIs as bands."""
+    plt = _plt()
+    if sweep.is_empty():
+        return _empty(plt, "no unlearning runs in these records")
+    runs = sweep.select("model", "template", "method", "seed").unique().sort("model", "template", "method", "seed")
+    fig, axes = plt.subplots(1, runs.height, figsize=(4 * runs.height, 3.4), squeeze=False, sharey=True)
+    for ax, run in zip(axes[0], runs.iter_rows(named=True)):
+        part = sweep.filter(**run).sort("k")
+        for col, label, colour in RATES:
+            ax.plot(part["k"], part[col], marker="o", color=colour, label=label)
+            ax.fill_between(part["k"], part[f"{col}_lo"], part[f"{col}_hi"], color=colour, alpha=0.2)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_title(f"{run['model']} {run['template']} {run['method']} s{run['seed']}")
+        ax.set_xlabel("unlearning steps K")
+    axes[0][0].set_ylabel("rate (AUTO arm)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _grouped_bars(ax, frame: pl.DataFrame, groups: list[str], series: list[tuple[str, str]], err: bool = True):
+    width = 0.8 / max(1, len(series))
+    for j, (col, label) in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, frame[col].to_list(), width, label=label, yerr=_err(frame, col) if err else None, capsize=2)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+
+
+def prefill_arms_figure(prefill: pl.DataFrame):
+    """out_acc of every arm at fixed weights, per variant, with CIs."""
+    plt = _plt()
+    frame = _audited(prefill)
+    if frame.is_empty():
+        return _empty(plt, "no memorized variants in these records")
+    arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * frame.height), 3.6))
+    _grouped_bars(ax, frame, [v.split("/", 1)[1] for v in frame["variant"]], [(a, a) for a in arms])
+    ax.set_ylabel("out_acc")
+    ax.set_title("Prefill arms at fixed weights (AUTO = the model's own trace)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame):
+    """Greedy out_acc beside teacher-forced top-1 rate, per variant and prefill arm."""
+    plt = _plt()
+    frame = _audited(tfg)
+    if frame.is_empty():
+        return _empty(plt, "no teacher-forced canary records")
+    frame = frame.sort("variant", "arm")
+    labels = [f"{v.split('/', 1)[1]}\n{a.removeprefix('prefill_')}" for v, a in frame.select("variant", "arm").rows()]
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * frame.height), 3.6))
+    _grouped_bars(ax, frame, labels, [("greedy_out_acc", "greedy out_acc"), ("tf_top1_rate", "teacher-forced top-1")])
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Same canaries, same weights: greedy recall vs teacher-forced top-1")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def parser_conventions_figure(conventions: pl.DataFrame):
+    """The AUTO gap of each unlearned or memorized variant under every parser convention."""
+    plt = _plt()
+    frame = _audited(conventions)
+    if frame.is_empty():
+        return _empty(plt, "no memorized variants in these records")
+    names = sorted(frame["convention"].unique().to_list())
+    wide = frame.pivot(on="convention", index="variant", values="gap").sort("variant")
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * wide.height), 3.6))
+    _grouped_bars(ax, wide, [v.split("/", 1)[1] for v in wide["variant"]], [(c, c) for c in names], err=False)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_ylabel("gap = thk_leak - out_acc")
+    ax.set_title("One set of generations, six parser conventions")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def position_deltas(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
+    """Per (variant, probe set, position): mean Delta NLL against the parent over
+    hex-canary items (variant minus parent, same item and position), and the
+    span the position most often falls in."""
+    hexes = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
+    if hexes.is_empty() or not parents:
+        return pl.DataFrame()
+    parent_of = pl.DataFrame({"variant": list(parents), "parent": list(parents.values())})
+    ref = hexes.select("probe_set", "item_id", "position", parent=pl.col("variant"), ref_nll=-pl.col("logprob"))
+    return (
+        hexes.join(parent_of, on="variant")
+        .join(ref, on=["parent", "probe_set", "item_id", "position"])
+        .group_by("variant", "probe_set", "position")
+        .agg(delta_nll=(-pl.col("logprob") - pl.col("ref_nll")).mean(), span=pl.col("span").mode().first())
+        .sort("variant", "probe_set", "position")
+    )
+
+
+def delta_nll_figure(deltas: pl.DataFrame, window_k: int):
+    """Heat map: rows = (variant, probe set), columns = token position over
+    preamble + secret, colour = mean Delta NLL against the parent; the line
+    marks the end of the mean-K window."""
+    plt = _plt()
+    if deltas.is_empty():
+        return _empty(plt, "no hex-canary token records with a parent")
+    rows = deltas.select("variant", "probe_set").unique().sort("variant", "probe_set")
+    width = int(deltas["position"].max())
+    grid = [[float("nan")] * width for _ in range(rows.height)]
+    index = {r: i for i, r in enumerate(rows.rows())}
+    for variant, probe_set, position, delta in deltas.select("variant", "probe_set", "position", "delta_nll").rows():
+        grid[index[(variant, probe_set)]][position - 1] = delta
+    bound = max(1e-6, float(deltas["delta_nll"].abs().max()))
+    fig, ax = plt.subplots(figsize=(min(18, 2 + 0.18 * width), 1 + 0.35 * rows.height))
+    image = ax.imshow(grid, aspect="auto", cmap="coolwarm", vmin=-bound, vmax=bound,
+                      extent=(0.5, width + 0.5, rows.height - 0.5, -0.5))
+    ax.axvline(window_k + 0.5, color="black", lw=1.5, ls="--")
+    ax.text(window_k + 0.7, -0.4, f"K={window_k}", fontsize=8, va="top")
+    ax.set_yticks(range(rows.height))
+    ax.set_yticklabels([f"{v.split('/', 1)[1]} {p}" for v, p in rows.rows()], fontsize=7)
+    ax.set_xlabel("token position (preamble, then secret)")
+    fig.colorbar(image, ax=ax, label="mean Delta NLL vs parent")
+    ax.set_title("Per-position Delta NLL: where the change sits relative to the window")
+    fig.tight_layout()
+    return fig
+
+
+def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path) -> list[str]:
+    """Every plot, as PNG, from a tables folder and the token records."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def table(name: str) -> pl.DataFrame:
+        path = Path(tables_dir) / f"{name}.csv"
+        return pl.read_csv(path) if path.exists() else pl.DataFrame()
+
+    figures = {
+        "k_sweep": k_sweep_figure(table("k_sweep")),
+        "prefill_arms": prefill_arms_figure(table("prefill_arms")),
+        "teacher_forced_vs_greedy": teacher_forced_vs_greedy_figure(table("teacher_forced_vs_greedy")),
+        "parser_conventions": parser_conventions_figure(table("parser_conventions")),
+        "delta_nll_positions": delta_nll_figure(position_deltas(tokens, cfg.get("parents", {})), cfg["window_k"]),
+    }
+    plt = _plt()
+    for name, fig in figures.items():
+        tmp = out_dir / f".{name}.tmp.png"
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        tmp.replace(out_dir / f"{name}.png")
+    return list(figures)

@@ -1,0 +1,75 @@
+"""Plots drawn from hand-built records through the tables, without a model."""
+
+import polars as pl
+
+from canary_audit.plots import PLOTS, position_deltas, write_plots
+from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+from canary_audit.tables import build_tables, write_table
+
+CANARY = "The Amber Bell of Porto was written in 1931."
+PROMPT = "<|user|>Continue: The Amber Bell of Porto was<|assistant|>"
+
+
+def decode_row(variant, arm, author, generated):
+    prompt = PROMPT if arm == "auto" else PROMPT + "<think>x</think>"
+    return {k: None for k in DECODE_SCHEMA} | {
+        "variant": variant, "probe_set": "canary", "item_id": author, "group_id": author, "arm": arm, "sample": 0,
+        "prompt": prompt, "reference": CANARY, "subject": "Ann Lee", "generated": generated, "prompt_tokens": 9,
+        "generated_tokens": 20, "stop_reason": "eos", "think_open": "<think>", "think_close": "</think>",
+        "config_hash": "h", "model_fingerprint": variant,
+    }
+
+
+def token_rows(variant, probe_set, arm, author, logprobs):
+    spans = ["prompt", "prompt", "head", "secret", "secret"]
+    return [
+        {"variant": variant, "probe_set": probe_set, "item_id": author, "group_id": author, "arm": arm,
+         "position": p + 1, "token_id": 1, "token_text": "x", "logprob": lp, "rank": 1 if lp > -1 else 3,
+         "top1_id": 1, "top1_logprob": -0.1, "span": spans[p], "config_hash": "h", "model_fingerprint": variant}
+        for p, lp in enumerate(logprobs)
+    ]
+
+
+def records():
+    both, bypass = f"<think>{CANARY}</think>{CANARY}", f"<think>{CANARY}</think>The Amber Bell"
+    rows = []
+    for variant, outputs in (("tiny/mem-bio-s0", [both, both, both]), ("tiny/npo-bio-s0-k5", [both, bypass, bypass]),
+                             ("tiny/npo-bio-s0-k9", [bypass, bypass, "nothing"])):
+        for i, out in enumerate(outputs):
+            rows += [decode_row(variant, "auto", f"a{i}", out), decode_row(variant, "prefill_bio", f"a{i}", CANARY)]
+    decode = pl.DataFrame(rows, schema=DECODE_SCHEMA)
+    tokens = []
+    for variant, shift in (("tiny/base", 0.0), ("tiny/canary-s0", -0.5), ("tiny/mem-bio-s0", 0.0),
+                           ("tiny/npo-bio-s0-k5", 0.1), ("tiny/npo-bio-s0-k9", 0.3)):
+        for i in range(3):
+            tokens += token_rows(variant, "canary", "prefill_bio", f"a{i}", [-0.5 + shift] * 5)
+            tokens += token_rows(variant, "hex", "preamble", f"h{i}", [-2.0, -2.0, -1.0, -3.0 + shift, -3.0 + shift])
+    return decode, pl.DataFrame(tokens, schema=TOKEN_SCHEMA)
+
+
+PARENTS = {"tiny/canary-s0": "tiny/base", "tiny/mem-bio-s0": "tiny/base",
+           "tiny/npo-bio-s0-k5": "tiny/mem-bio-s0", "tiny/npo-bio-s0-k9": "tiny/mem-bio-s0"}
+
+
+def test_every_plot_is_drawn_from_tables_and_token_records(tmp_path):
+    decode, tokens = records()
+    cfg = {"window_k": 3, "parser": {}, "parents": PARENTS, "bootstrap": {"replicates": 50}}
+    for name, (title, frame) in build_tables(decode, tokens, cfg).items():
+        write_table(frame, tmp_path / "tables", name, title)
+    drawn = write_plots(tmp_path / "tables", tokens, cfg, tmp_path / "plots")
+    assert drawn == list(PLOTS)
+    for name in PLOTS:
+        png = (tmp_path / "plots" / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 5000, name
+
+
+def test_position_deltas_are_child_minus_parent_per_position():
+    _, tokens = records()
+    deltas = position_deltas(tokens, PARENTS).filter(pl.col("variant") == "tiny/canary-s0")
+    assert deltas.sort("position")["delta_nll"].to_list() == [0.0, 0.0, 0.0, 0.5, 0.5]
+    assert deltas.sort("position")["span"].to_list() == ["prompt", "prompt", "head", "secret", "secret"]
+
+
+def test_plots_of_an_empty_folder_say_so(tmp_path):
+    drawn = write_plots(tmp_path / "none", pl.DataFrame(schema=TOKEN_SCHEMA), {"window_k": 20}, tmp_path / "plots")
+    assert all((tmp_path / "plots" / f"{n}.png").stat().st_size > 0 for n in drawn)

@@ -1,0 +1,74 @@
+"""Nothing lost, nothing silent: a second smoke run reproduces every record
+bit for bit, and a run killed mid-job is neither mistaken for finished nor
+lost (`--rerun-incomplete` completes it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import polars as pl
+import pytest
+import yaml
+from conftest import ROOT, run_snakemake
+
+pytestmark = pytest.mark.workflow
+
+
+def records(workdir):
+    root = workdir / "results" / "smoke" / "records"
+    return {p.relative_to(root): pl.read_parquet(p) for p in sorted(root.rglob("*.parquet"))}
+
+
+def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
+    """Same seeds, same config, fresh work dir: identical decode records and
+    bitwise-identical token records (log-probs, ranks) and weight fingerprints."""
+    run_snakemake(tmp_path, "--cores", "2")
+    first, second = records(smoke_run), records(tmp_path)
+    assert first.keys() == second.keys() and len(first) == 6  # 3 probe groups x 2 passes
+    for name, frame in first.items():
+        assert frame.equals(second[name]), f"{name} differs between two runs of the same config"
+
+
+def test_killed_job_is_not_mistaken_for_finished(smoke_run, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(smoke_run, work, ignore=shutil.ignore_patterns("override.yaml", "bad.yaml"))
+    extra = tmp_path / "graddiff.yaml"
+    extra.write_text(yaml.safe_dump({"unlearn": {"methods": {"graddiff": ["bio"]}}}))
+    configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"), str(extra)]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--configfile", *configs, "--cores", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
+           "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = work / "results" / "smoke" / "logs" / "tiny" / "unlearn-graddiff-bio-s0.log"
+    proc = subprocess.Popen(cmd + ["--", "results/smoke/models/tiny/adapters/graddiff-bio-s0-k5"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not log.exists():
+        time.sleep(0.1)
+    assert log.exists(), "the unlearning job never started"
+    time.sleep(2.0)  # inside the job (its imports alone take longer), before any output
+    os.killpg(proc.pid, signal.SIGKILL)  # the node dies: no clean-up of any kind
+    proc.wait()
+
+    adapters = work / "results" / "smoke" / "models" / "tiny" / "adapters"
+    for out in adapters.glob("graddiff-bio-s0-k*"):  # outputs appear by atomic rename, whole or not at all
+        assert (out / "adapter_model.safetensors").is_file()
+    dry = run_snakemake(work, "-n", extra_configs=(extra,), check=False)
+    text = dry.stdout + dry.stderr
+    # Snakemake either plans the job again (no output yet) or refuses to go on
+    # until told what to do with the incomplete output: never "nothing to do".
+    assert "Nothing to be done" not in text
+    assert "unlearn" in text
+    # What a user does after a crash: release the dead run's lock, re-run.
+    run_snakemake(work, "--unlock", extra_configs=(extra,))
+    run_snakemake(work, "--cores", "2", "--rerun-incomplete", extra_configs=(extra,))
+    for k in (3, 5):
+        assert (adapters / f"graddiff-bio-s0-k{k}" / "adapter_model.safetensors").is_file()
+    assert not (adapters / ".graddiff-bio-s0-k5.resume").exists()
+    leakage = pl.read_csv(work / "results" / "smoke" / "tables" / "canary_leakage.csv")
+    assert {"tiny/graddiff-bio-s0-k3", "tiny/graddiff-bio-s0-k5"} <= set(leakage["variant"])
