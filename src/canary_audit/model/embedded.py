@@ -252,8 +252,9 @@ def pretrain(model, tokenizer, texts: list[str], cfg: dict, seed: int) -> list[f
         opt.zero_grad(set_to_none=True)
         losses.append(step_loss)
         if step % 50 == 0 or step == steps - 1:
-            log.info("pretrain step %d/%d loss %.4f (%.1fs)", step + 1, steps, losses[-1],
-                     time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            log.info("pretrain step %d/%d loss %.4f (%.1fs, eta %.0fs)", step + 1, steps, losses[-1],
+                     elapsed, elapsed / (step + 1) * (steps - step - 1))
     model.eval()
     return losses
 

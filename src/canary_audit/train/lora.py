@@ -162,7 +162,9 @@ def train_loop(
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
         if step % 25 == 0 or step == steps:
-            log.info("step %d/%d loss %.4f (%.1fs)", step, steps, losses[-1], time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            eta = elapsed / (step - done) * (steps - step)
+            log.info("step %d/%d loss %.4f (%.1fs, eta %.0fs)", step, steps, losses[-1], elapsed, eta)
         if step in checkpoints and on_checkpoint is not None:
             on_checkpoint(step)
         if resume and step % resume.every == 0 and step < steps:
