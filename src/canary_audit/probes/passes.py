@@ -122,8 +122,9 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
             target = torch.tensor(ids[1:], device=logp.device)
             lp_rows = logp[row, : n - 1]
             tok_lp = lp_rows.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            rank = (lp_rows > tok_lp.unsqueeze(-1)).sum(-1) + 1
-            top1_lp, top1_id = lp_rows.max(-1)
+            rank = ((lp_rows > tok_lp.unsqueeze(-1)).sum(-1) + 1).tolist()
+            top1_lp, top1_id = (t.tolist() for t in lp_rows.max(-1))
+            tok_lp = tok_lp.tolist()  # one transfer per sequence, not one .item() per field and token
             offsets = encs[i]["offset_mapping"]
             texts = tokenizer.convert_ids_to_tokens(ids)
             it = items[i]
@@ -131,8 +132,8 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
                 per_item[i].append({
                     "probe_set": it.probe_set, "item_id": it.item_id, "group_id": it.group_id,
                     "arm": it.arm, "position": p, "token_id": ids[p], "token_text": texts[p],
-                    "logprob": tok_lp[p - 1].item(), "rank": int(rank[p - 1]),
-                    "top1_id": int(top1_id[p - 1]), "top1_logprob": top1_lp[p - 1].item(),
+                    "logprob": tok_lp[p - 1], "rank": rank[p - 1],
+                    "top1_id": top1_id[p - 1], "top1_logprob": top1_lp[p - 1],
                     "span": span_of(*offsets[p], it.spans),
                 })
     for chunk in per_item:
