@@ -1,5 +1,6 @@
 # Probe passes: one decode job and one teacher-forced job per probe group (a
-# memorization adapter with its unlearning checkpoints, or a lone variant).
+# memorization adapter with its unlearning checkpoints, or the base model with
+# the hex-canary adapters; see `variants` in common.smk).
 # A job starts Python and torch once and scores every variant of its group,
 # writing one records file whose rows carry each variant's name and weight
 # fingerprint.  Grouping changes nothing that re-runs on a probe-config

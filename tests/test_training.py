@@ -2,6 +2,7 @@
 checkpoints from one run (on the locally built tiny model)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -107,3 +108,38 @@ def test_killed_training_resumes_to_the_same_adapter(tiny_assets, spec, tmp_path
     other = load_file(tmp_path / "other" / "adapter_model.safetensors")
     fresh = load_file(tmp_path / "fresh" / "adapter_model.safetensors")
     assert all(torch.equal(other[n], fresh[n]) for n in fresh)
+
+
+def test_killed_unlearning_run_gets_its_earlier_checkpoints_back(tiny_assets, spec, memorized, tmp_path, monkeypatch):
+    """Snakemake deletes a failed job's outputs, and a resumed run does not pass
+    the steps before its saved state again: K checkpoints written before the
+    kill come back from the run's own copies, bitwise equal to a whole run's."""
+    from canary_audit.train import adapters
+
+    monkeypatch.setattr(resume, "RESUME_EVERY", 2)
+    cfg = {**LORA, "method": "ga", "template": "bio", "beta": 0.1, "loss_span": "answer", "retain_weight": 0.0}
+    ks = (1, 3, 5)
+    whole = {k: tmp_path / "whole" / f"k{k}" for k in ks}
+    train_unlearning(spec, memorized, tiny_assets[0], cfg, whole)
+
+    real, calls = adapters.sequence_logprobs, []
+
+    def dies_at_step_3(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return real(*args)
+
+    killed = {k: tmp_path / "killed" / f"k{k}" for k in ks}
+    monkeypatch.setattr(adapters, "sequence_logprobs", dies_at_step_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        train_unlearning(spec, memorized, tiny_assets[0], cfg, killed)
+    assert killed[1].exists() and not killed[3].exists()
+    shutil.rmtree(killed[1])  # what Snakemake does with a failed job's outputs
+    monkeypatch.setattr(adapters, "sequence_logprobs", real)
+    train_unlearning(spec, memorized, tiny_assets[0], cfg, killed)
+    for k in ks:
+        a = load_file(whole[k] / "adapter_model.safetensors")
+        b = load_file(killed[k] / "adapter_model.safetensors")
+        assert all(torch.equal(a[n], b[n]) for n in a), f"K={k}"
+    assert not list((tmp_path / "killed").glob(".*resume*"))

@@ -86,10 +86,10 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     forget = [encode_chat(fmt, ex) for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
     model = _fresh_lora(spec, cfg)
-    losses = train_loop(
-        model, forget, retain, cfg, seed, tok.pad_token_id, resume=_resume(out_dir, cfg, [spec.path, data_dir])
-    )
+    resume = _resume(out_dir, cfg, [spec.path, data_dir])
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume)
     save_adapter(model, out_dir)
+    resume.clear()
     return _summary(out_dir, losses, forget_sequences=len(forget))
 
 
@@ -101,10 +101,10 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> d
     forget = [encode_text(tok, t) for t in canaries["text"].to_list()]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
     model = _fresh_lora(spec, cfg)
-    losses = train_loop(
-        model, forget, retain, cfg, seed, tok.pad_token_id, resume=_resume(out_dir, cfg, [spec.path, data_dir])
-    )
+    resume = _resume(out_dir, cfg, [spec.path, data_dir])
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume)
     save_adapter(model, out_dir)
+    resume.clear()
     return _summary(out_dir, losses, forget_sequences=len(forget))
 
 
@@ -152,12 +152,20 @@ def train_unlearning(
     retain_weight = cfg["retain_weight"] if method != "graddiff" else max(cfg["retain_weight"], 1.0)
     steps = sorted(out_dirs)
     cfg = {**cfg, "steps": steps[-1]}
+    resume = _resume(out_dirs[steps[-1]], cfg, [spec.path, data_dir, memorized])
+
+    def checkpoint(k: int) -> None:
+        save_adapter(model, out_dirs[k])
+        resume.keep(f"k{k}", out_dirs[k])
+
     losses = train_loop(
         model, forget, retain, cfg, seed, pad,
         forget_loss=forget_loss, retain_weight=retain_weight,
-        on_checkpoint=lambda k: save_adapter(model, out_dirs[k]), checkpoints=tuple(steps), decay=False,
-        resume=_resume(out_dirs[steps[-1]], cfg, [spec.path, data_dir, memorized]),
+        on_checkpoint=checkpoint, checkpoints=tuple(steps), decay=False, resume=resume,
     )
+    for k in steps:  # checkpoints passed before an interruption come back from their copies
+        resume.restore(f"k{k}", out_dirs[k])
+    resume.clear()
     for k in steps:
         _summary(out_dirs[k], losses[:k], method=method, k=k)
     return {"method": method, "checkpoints": steps, "final_loss": losses[-1]}

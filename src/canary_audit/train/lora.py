@@ -130,8 +130,8 @@ def train_loop(
     the learning rate falls linearly to 10% (memorization ends precise);
     unlearning runs at a constant rate so checkpoint K means K equal steps.
     With `resume`, the run saves its state every `resume.every` steps and
-    starts from the last saved step (train/resume.py); the state is removed
-    when the run ends.
+    starts from the last saved step (train/resume.py); the caller removes the
+    state once its outputs are written.
     """
     import torch
 
@@ -169,8 +169,6 @@ def train_loop(
             on_checkpoint(step)
         if resume and step % resume.every == 0 and step < steps:
             resume.save(step, model, opt, gen, losses)
-    if resume:
-        resume.clear()
     model.eval()
     return losses
 

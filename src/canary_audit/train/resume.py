@@ -78,5 +78,32 @@ class ResumeState:
         log.info("resuming training from step %d (%s)", meta["step"], self.path)
         return meta["step"], meta["losses"]
 
+    @property
+    def kept(self) -> Path:
+        """Copies of the outputs saved during the run (an unlearning run's K
+        checkpoints): Snakemake deletes a failed job's outputs, and a resumed
+        run does not pass those steps again."""
+        return self.path.with_name(self.path.name + ".kept")
+
+    def keep(self, name: str, src: Path) -> None:
+        tmp = self.kept / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        shutil.rmtree(self.kept / name, ignore_errors=True)
+        tmp.rename(self.kept / name)
+
+    def restore(self, name: str, dst: Path) -> bool:
+        """Put back a kept output the run did not write again; True if it did."""
+        src, dst = self.kept / name, Path(dst)
+        if dst.exists() or not src.is_dir():
+            return False
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        tmp.rename(dst)
+        log.info("restored %s from the interrupted run's copy", dst)
+        return True
+
     def clear(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        shutil.rmtree(self.kept, ignore_errors=True)
