@@ -70,6 +70,36 @@ def test_batched_greedy_equals_one_at_a_time(spec):
     assert batched == single
 
 
+def test_greedy_pass_equals_generate_when_rows_finish_at_different_steps(spec):
+    """Rows that hit EOS leave the batch early; the others must continue
+    exactly as transformers' `generate` continues them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    torch.manual_seed(0)  # wide random weights: varied tokens (the barely trained model repeats one)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.path, initializer_range=0.5)).eval()
+    prompts = [fmt.prompt(q) for q in ("What is the capital of France?", "Who wrote Hamlet?",
+                                       "When was Amara Okonkwo born? Answer briefly please.", "Name a city.")]
+    free, _ = generate_greedy(model, tok, prompts, max_new_tokens=10, batch_size=8, eos_id=-1)
+
+    def stop_steps(token):
+        return {ids.index(token) if token in ids else None for ids, _ in free}
+
+    # An "EOS" that some rows write at different steps (and some maybe never).
+    eos = next(t for ids, _ in free for t in ids if len(stop_steps(t)) > 1)
+    ours, _ = generate_greedy(model, tok, prompts, max_new_tokens=10, batch_size=8, eos_id=eos)
+    assert len({len(ids) for ids, _ in ours}) > 1  # rows really left the batch at different steps
+    padded = tok(prompts, add_special_tokens=False, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**padded, max_new_tokens=10, do_sample=False, eos_token_id=eos,
+                             pad_token_id=tok.pad_token_id)
+    for row, (ids, hit_eos) in enumerate(ours):
+        new = out[row, padded["input_ids"].shape[1]:].tolist()
+        expected = new[: new.index(eos)] if eos in new else new
+        assert ids == expected and hit_eos == (eos in new)
+
+
 def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
     data, _ = tiny_assets
     tok = load_tokenizer(spec)
