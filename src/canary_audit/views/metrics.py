@@ -1,4 +1,6 @@
-"""Every metric of the audit, as polars expressions over records.
+"""Metrics shared by the audit's tables, as polars expressions over records:
+the match rules, hex-canary recall, and windowed / secret-span NLL with
+Deltas against a parent.  Paper A's rates and their CIs are in `paper_a`.
 
 Nothing here loads a model.  A metric is a named expression or a small frame
 function, so a table is a composition of them and a changed definition
