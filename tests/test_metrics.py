@@ -66,7 +66,20 @@ def test_hit_at_1_needs_the_exact_record():
         ("hex", "greedy", "Record 00 access code: ", "TEXTCAN-00ff-END", "00ff"),
         ("hex", "greedy", "Record 01 access code: ", "TEXTCAN-00fe-END", "00ff"),
     ])
-    assert hex_recall(d)["hit_at_1"].to_list() == [0.5]
+    table = hex_recall(d)
+    assert table["hit_at_1"].to_list() == [0.5] and table["hit_at_k"].to_list() == [None]
+
+
+def test_hit_at_k_is_any_of_k_samples_exact():
+    rows = [("hex", "greedy", "P0", "TEXTCAN-00fe-END", "00ff"), ("hex", "greedy", "P1", "TEXTCAN-11fe-END", "11ff")]
+    rows += [("hex", "sampled", "P0", g, "00ff") for g in ("TEXTCAN-0-END", "TEXTCAN-00ff-END", "x")]
+    rows += [("hex", "sampled", "P1", g, "11ff") for g in ("a", "b", "c")]
+    d = decode_rows("m/canary", rows).with_columns(
+        item_id=pl.col("prompt"), sample=pl.int_range(pl.len()).over("prompt", "arm").cast(pl.Int32)
+    )
+    row = hex_recall(d).row(0, named=True)
+    assert (row["hit_at_1"], row["k"], row["hit_at_k"]) == (0.0, 3, 0.5)
+    assert row["sampled_hit_rate"] == pytest.approx(1 / 6)
 
 
 def token_rows(variant, item, logprobs, spans, ranks=None):

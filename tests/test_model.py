@@ -144,3 +144,17 @@ def test_decode_records_carry_provenance(tiny_assets, spec):
     assert frame["model_fingerprint"].unique().to_list() == [fingerprint(spec)]
     assert frame["config_hash"].n_unique() == 1
     assert set(frame["stop_reason"]) <= {"eos", "length"}
+
+
+def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):
+    data, _ = tiny_assets
+    cfg = {"prefills": {}, "head_tokens": 6, "max_new_tokens": 6, "batch_size": 16, "threads": 1,
+           "hit_k": 3, "temperature": 1.0, "sample_seed": 7}
+    frame = decode_pass(spec, [], data, cfg, "tiny/base")
+    sampled = frame.filter(pl.col("arm") == "sampled")
+    n_hex = frame.filter(pl.col("arm") == "greedy").height
+    assert sampled.height == 3 * n_hex
+    assert sampled.group_by("item_id").agg(pl.col("sample").sort())["sample"].to_list() == [[0, 1, 2]] * n_hex
+    assert sampled["generated"].n_unique() > 1  # sampling, not greedy
+    again = decode_pass(spec, [], data, cfg, "tiny/base").filter(pl.col("arm") == "sampled")
+    assert again["generated"].to_list() == sampled["generated"].to_list()

@@ -92,6 +92,32 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     return results, enc
 
 
+def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_tokens: int, temperature: float,
+                         seed: int, batch_size: int) -> list[list[tuple[list[int], bool]]]:
+    """`k` sampled continuations of each prompt (plain temperature sampling:
+    no top-k or top-p truncation, whatever the model's generation config
+    says), seeded so that a re-run draws the same samples."""
+    import torch
+
+    eos = tokenizer.eos_token_id
+    torch.manual_seed(seed)
+    out: list[list[tuple[list[int], bool]]] = [[] for _ in prompts]
+    enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    for batch in length_sorted_batches([len(e) for e in enc], max(1, batch_size // k)):
+        padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
+        with torch.no_grad():
+            gen = model.generate(
+                input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                num_return_sequences=k, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
+            )
+        width = padded["input_ids"].shape[1]
+        for row in range(gen.shape[0]):
+            new = gen[row, width:].tolist()
+            out[batch[row // k]].append((new[: new.index(eos)], True) if eos in new else (new, False))
+    return out
+
+
 def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str):
     import torch
 
@@ -103,12 +129,23 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
     t0 = time.perf_counter()
     outs, enc = generate_greedy(model, tok, [it.prompt for it in items], cfg["max_new_tokens"], cfg["batch_size"])
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
+    decoded = [(it, it.arm, 0, out, ids)
+               for it, out, ids in zip(items, outs, enc)]
+    k = cfg.get("hit_k", 0)
+    if k:
+        hexes = [(it, ids) for it, ids in zip(items, enc) if it.probe_set == "hex"]
+        t0 = time.perf_counter()
+        samples = sample_continuations(model, tok, [it.prompt for it, _ in hexes], k, cfg["max_new_tokens"],
+                                       cfg["temperature"], cfg["sample_seed"], cfg["batch_size"])
+        log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
+        decoded += [(it, "sampled", j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
+                    for j, out in enumerate(outs_k)]
     provenance = provenance_of(spec, adapters, cfg)
     rows = []
-    for it, (ids, hit_eos), prompt_ids in zip(items, outs, enc):
+    for it, arm, sample, (ids, hit_eos), prompt_ids in decoded:
         rows.append({
             "variant": variant, "probe_set": it.probe_set, "item_id": it.item_id,
-            "group_id": it.group_id, "arm": it.arm, "sample": 0, "prompt": it.prompt,
+            "group_id": it.group_id, "arm": arm, "sample": sample, "prompt": it.prompt,
             "reference": it.reference, "subject": it.subject,
             "generated": tok.decode(ids, skip_special_tokens=False),
             "prompt_tokens": len(prompt_ids), "generated_tokens": len(ids) + int(hit_eos),

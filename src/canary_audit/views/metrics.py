@@ -29,16 +29,23 @@ def contains_gold_ci(column: str) -> pl.Expr:
 
 
 def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
-    """hit@1 per variant: the greedy continuation of the preamble reproduces
-    `TEXTCAN-{secret}-END` exactly (after the space that follows the colon)."""
+    """Behavioural recall per variant (paper B): hit@1, the greedy
+    continuation of the preamble reproduces `TEXTCAN-{secret}-END` exactly
+    (after the space that follows the colon), and hit@k, any of the k sampled
+    continuations does (null when no samples were drawn)."""
     record = pl.lit(CANARY_PREFIX) + pl.col("reference") + pl.lit(CANARY_SUFFIX)
-    return (
-        decode.filter((pl.col("probe_set") == "hex") & (pl.col("sample") == 0))
-        .with_columns(hit=pl.col("generated").str.strip_chars_start().str.starts_with(record))
-        .group_by("variant")
-        .agg(n=pl.len(), hit_at_1=pl.col("hit").mean())
-        .sort("variant")
+    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(
+        hit=pl.col("generated").str.strip_chars_start().str.starts_with(record)
     )
+    greedy = hexes.filter(pl.col("arm") == "greedy").group_by("variant").agg(n=pl.len(), hit_at_1=pl.col("hit").mean())
+    sampled = (
+        hexes.filter(pl.col("arm") == "sampled")
+        .group_by("variant", "item_id")
+        .agg(k=pl.len(), any_hit=pl.col("hit").any(), share=pl.col("hit").mean())
+        .group_by("variant")
+        .agg(k=pl.col("k").max(), hit_at_k=pl.col("any_hit").mean(), sampled_hit_rate=pl.col("share").mean())
+    )
+    return greedy.join(sampled, on="variant", how="left").sort("variant")
 
 
 def per_item_nll(tokens: pl.DataFrame, window_k: int) -> pl.DataFrame:
