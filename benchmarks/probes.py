@@ -20,7 +20,6 @@ adapter, data and records).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -114,7 +113,7 @@ def main() -> int:
 
     # Tables from the run's records.
     records = results / "records"
-    params = json.loads(json.dumps({"window_k": 20, "parser": {}, "parents": {}}))
+    params = {"window_k": 20, "parser": {}, "parents": {}}
     (decode, token), t_read = timed(lambda: (concat_records(sorted(records.rglob("decode.parquet")), "decode"),
                                              concat_records(sorted(records.rglob("token.parquet")), "token")))
     tables, t_tables = timed(lambda: build_tables(decode, token, params))

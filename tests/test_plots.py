@@ -2,9 +2,10 @@
 
 import polars as pl
 
-from canary_audit.plots import PLOTS, position_deltas, write_plots
+from canary_audit.plots import PLOTS, write_plots
 from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
 from canary_audit.tables import build_tables, write_table
+from canary_audit.views.metrics import position_deltas
 
 CANARY = "The Amber Bell of Porto was written in 1931."
 PROMPT = "<|user|>Continue: The Amber Bell of Porto was<|assistant|>"

@@ -19,6 +19,19 @@ LORA = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 1e-2, "batch_
         "seed": 0, "head_tokens": 6, "threads": 1}
 
 
+def dies_at_call(real, n: int):
+    """`real`, except that its n-th call raises (a job killed mid-run)."""
+    calls = []
+
+    def wrapped(*args):
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError("killed")
+        return real(*args)
+
+    return wrapped
+
+
 @pytest.fixture(scope="module")
 def spec(tiny_assets):
     return ModelSpec("tiny", tiny_assets[1])
@@ -74,15 +87,8 @@ def test_killed_training_resumes_to_the_same_adapter(tiny_assets, spec, tmp_path
     cfg = {**LORA, "steps": 6, "template": "bio"}
     train_memorization(spec, tiny_assets[0], cfg, tmp_path / "whole")
 
-    real, calls = lora.nll_backward, []
-
-    def dies_at_step_4(*args):
-        calls.append(1)
-        if len(calls) == 4:
-            raise RuntimeError("killed")
-        return real(*args)
-
-    monkeypatch.setattr(lora, "nll_backward", dies_at_step_4)
+    real = lora.nll_backward
+    monkeypatch.setattr(lora, "nll_backward", dies_at_call(real, 4))
     with pytest.raises(RuntimeError, match="killed"):
         train_memorization(spec, tiny_assets[0], cfg, tmp_path / "killed")
     state = tmp_path / ".killed.resume"
@@ -97,8 +103,7 @@ def test_killed_training_resumes_to_the_same_adapter(tiny_assets, spec, tmp_path
     assert all(torch.equal(whole[n], resumed[n]) for n in whole)
 
     # A state from other settings (here lr) is not resumed.
-    monkeypatch.setattr(lora, "nll_backward", dies_at_step_4)
-    calls.clear()
+    monkeypatch.setattr(lora, "nll_backward", dies_at_call(real, 4))
     with pytest.raises(RuntimeError, match="killed"):
         train_memorization(spec, tiny_assets[0], cfg, tmp_path / "other")
     monkeypatch.setattr(lora, "nll_backward", real)
@@ -122,16 +127,9 @@ def test_killed_unlearning_run_gets_its_earlier_checkpoints_back(tiny_assets, sp
     whole = {k: tmp_path / "whole" / f"k{k}" for k in ks}
     train_unlearning(spec, memorized, tiny_assets[0], cfg, whole)
 
-    real, calls = adapters.sequence_logprobs, []
-
-    def dies_at_step_3(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("killed")
-        return real(*args)
-
+    real = adapters.sequence_logprobs
     killed = {k: tmp_path / "killed" / f"k{k}" for k in ks}
-    monkeypatch.setattr(adapters, "sequence_logprobs", dies_at_step_3)
+    monkeypatch.setattr(adapters, "sequence_logprobs", dies_at_call(real, 3))
     with pytest.raises(RuntimeError, match="killed"):
         train_unlearning(spec, memorized, tiny_assets[0], cfg, killed)
     assert killed[1].exists() and not killed[3].exists()

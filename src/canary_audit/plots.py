@@ -11,6 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.views.metrics import position_deltas
+
 PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions")
 RATES = (("out_acc", "out_acc (answer)", "tab:blue"), ("thk_leak", "thk_leak (trace)", "tab:orange"),
          ("gap", "gap = thk - out", "tab:green"))
@@ -79,73 +81,56 @@ def _grouped_bars(ax, frame: pl.DataFrame, groups: list[str], series: list[tuple
     ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
 
 
-def prefill_arms_figure(prefill: pl.DataFrame):
-    """out_acc of every arm at fixed weights, per variant, with CIs."""
+def _bar_figure(frame: pl.DataFrame, labels: list[str], series: list[tuple[str, str]], title: str,
+                ylabel: str, width_per_group: float, err: bool = True, zero_line: bool = False):
+    """Grouped bars, one group per label, one bar per series (with CIs when `err`)."""
     plt = _plt()
-    frame = _audited(prefill)
-    if frame.is_empty():
-        return _empty(plt, "no memorized variants in these records")
-    arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * frame.height), 3.6))
-    _grouped_bars(ax, frame, [v.split("/", 1)[1] for v in frame["variant"]], [(a, a) for a in arms])
-    ax.set_ylabel("out_acc")
-    ax.set_title("Prefill arms at fixed weights (AUTO = the model's own trace)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame):
-    """Greedy out_acc beside teacher-forced top-1 rate, per variant and prefill arm."""
-    plt = _plt()
-    frame = _audited(tfg)
-    if frame.is_empty():
-        return _empty(plt, "no teacher-forced canary records")
-    frame = frame.sort("variant", "arm")
-    labels = [f"{v.split('/', 1)[1]}\n{a.removeprefix('prefill_')}" for v, a in frame.select("variant", "arm").rows()]
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * frame.height), 3.6))
-    _grouped_bars(ax, frame, labels, [("greedy_out_acc", "greedy out_acc"), ("tf_top1_rate", "teacher-forced top-1")])
-    ax.set_ylim(0, 1.05)
-    ax.set_title("Same canaries, same weights: greedy recall vs teacher-forced top-1")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def parser_conventions_figure(conventions: pl.DataFrame):
-    """The AUTO gap of each unlearned or memorized variant under every parser convention."""
-    plt = _plt()
-    frame = _audited(conventions)
-    if frame.is_empty():
-        return _empty(plt, "no memorized variants in these records")
-    names = sorted(frame["convention"].unique().to_list())
-    wide = frame.pivot(on="convention", index="variant", values="gap").sort("variant")
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * wide.height), 3.6))
-    _grouped_bars(ax, wide, [v.split("/", 1)[1] for v in wide["variant"]], [(c, c) for c in names], err=False)
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set_ylabel("gap = thk_leak - out_acc")
-    ax.set_title("One set of generations, six parser conventions")
+    fig, ax = plt.subplots(figsize=(max(6, width_per_group * len(labels)), 3.6))
+    _grouped_bars(ax, frame, labels, series, err=err)
+    if zero_line:
+        ax.axhline(0, color="grey", lw=0.5)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def position_deltas(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
-    """Per (variant, probe set, position): mean Delta NLL against the parent over
-    hex-canary items (variant minus parent, same item and position), and the
-    span the position most often falls in."""
-    hexes = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
-    if hexes.is_empty() or not parents:
-        return pl.DataFrame()
-    parent_of = pl.DataFrame({"variant": list(parents), "parent": list(parents.values())})
-    ref = hexes.select("probe_set", "item_id", "position", parent=pl.col("variant"), ref_nll=-pl.col("logprob"))
-    return (
-        hexes.join(parent_of, on="variant")
-        .join(ref, on=["parent", "probe_set", "item_id", "position"])
-        .group_by("variant", "probe_set", "position")
-        .agg(delta_nll=(-pl.col("logprob") - pl.col("ref_nll")).mean(), span=pl.col("span").mode().first())
-        .sort("variant", "probe_set", "position")
-    )
+def _short(variants) -> list[str]:
+    return [v.split("/", 1)[1] for v in variants]
+
+
+def prefill_arms_figure(prefill: pl.DataFrame):
+    """out_acc of every arm at fixed weights, per variant, with CIs."""
+    frame = _audited(prefill)
+    if frame.is_empty():
+        return _empty(_plt(), "no memorized variants in these records")
+    arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))]
+    return _bar_figure(frame, _short(frame["variant"]), [(a, a) for a in arms],
+                       "Prefill arms at fixed weights (AUTO = the model's own trace)", "out_acc", 1.1)
+
+
+def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame):
+    """Greedy out_acc beside teacher-forced top-1 rate, per variant and prefill arm."""
+    frame = _audited(tfg)
+    if frame.is_empty():
+        return _empty(_plt(), "no teacher-forced canary records")
+    frame = frame.sort("variant", "arm")
+    labels = [f"{v}\n{a.removeprefix('prefill_')}" for v, a in zip(_short(frame["variant"]), frame["arm"])]
+    return _bar_figure(frame, labels, [("greedy_out_acc", "greedy out_acc"), ("tf_top1_rate", "teacher-forced top-1")],
+                       "Same canaries, same weights: greedy recall vs teacher-forced top-1", "rate", 0.6)
+
+
+def parser_conventions_figure(conventions: pl.DataFrame):
+    """The AUTO gap of each unlearned or memorized variant under every parser convention."""
+    frame = _audited(conventions)
+    if frame.is_empty():
+        return _empty(_plt(), "no memorized variants in these records")
+    names = sorted(frame["convention"].unique().to_list())
+    wide = frame.pivot(on="convention", index="variant", values="gap").sort("variant")
+    return _bar_figure(wide, _short(wide["variant"]), [(c, c) for c in names],
+                       "One set of generations, six parser conventions", "gap = thk_leak - out_acc", 1.1,
+                       err=False, zero_line=True)
 
 
 def delta_nll_figure(deltas: pl.DataFrame, window_k: int):

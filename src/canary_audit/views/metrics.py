@@ -70,23 +70,28 @@ def per_item_nll(tokens: pl.DataFrame, window_k: int) -> pl.DataFrame:
     )
 
 
-def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> pl.DataFrame:
-    """Per (variant, probe_set, arm): windowed and secret-span NLL, each also
-    as a Delta against the variant's parent (the model before the change that
-    made it) on the same items; variants without a parent get null Deltas."""
-    items = per_item_nll(tokens, window_k)
+def with_parent(frame: pl.DataFrame, parents: dict[str, str], on: list[str], values: dict[str, str]) -> pl.DataFrame:
+    """Add each row's `parent` and the parent's `values` (column -> new name)
+    on the same `on` keys (item, position...): the join behind every Delta.
+    Rows without a parent get nulls."""
     parent_of = pl.DataFrame(
         {"variant": list(parents), "parent": list(parents.values())},
         schema={"variant": pl.Utf8, "parent": pl.Utf8},
     )
-    ref = items.select(
-        "probe_set", "arm", "item_id",
-        parent=pl.col("variant"), ref_window=pl.col("nll_window"), ref_secret=pl.col("nll_secret"),
+    ref = frame.select(*on, parent=pl.col("variant"), **{new: pl.col(old) for old, new in values.items()})
+    return frame.join(parent_of, on="variant", how="left").join(ref, on=["parent", *on], how="left")
+
+
+def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> pl.DataFrame:
+    """Per (variant, probe_set, arm): windowed and secret-span NLL, each also
+    as a Delta against the variant's parent (the model before the change that
+    made it) on the same items; variants without a parent get null Deltas."""
+    items = with_parent(
+        per_item_nll(tokens, window_k), parents, ["probe_set", "arm", "item_id"],
+        {"nll_window": "ref_window", "nll_secret": "ref_secret"},
     )
     return (
-        items.join(parent_of, on="variant", how="left")
-        .join(ref, on=["parent", "probe_set", "arm", "item_id"], how="left")
-        .group_by("variant", "parent", "probe_set", "arm")
+        items.group_by("variant", "parent", "probe_set", "arm")
         .agg(
             n=pl.len(),
             nll_window=pl.col("nll_window").mean(),
@@ -100,4 +105,20 @@ def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> p
         )
         .with_columns(window_k=pl.lit(window_k))
         .sort("variant", "probe_set", "arm")
+    )
+
+
+def position_deltas(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
+    """Per (variant, probe set, position) of the hex canaries and decoys: mean
+    Delta NLL against the parent (same item, same position), and the span the
+    position most often falls in: where along preamble + secret a change sits."""
+    hexes = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
+    if hexes.is_empty() or not parents:
+        return pl.DataFrame()
+    return (
+        with_parent(hexes, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
+        .filter(pl.col("ref_logprob").is_not_null())
+        .group_by("variant", "probe_set", "position")
+        .agg(delta_nll=(pl.col("ref_logprob") - pl.col("logprob")).mean(), span=pl.col("span").mode().first())
+        .sort("variant", "probe_set", "position")
     )
