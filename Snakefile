@@ -21,5 +21,5 @@ include: "rules/tables.smk"
 rule all:
     default_target: True
     input:
-        expand(f"{R}/tables/{{name}}.{{ext}}", name=TABLES, ext=["csv", "md"]),
+        expand(f"{R}/tables/{{name}}.{{ext}}", name=table_names(), ext=["csv", "md"]),
         expand(f"{R}/plots/{{name}}.png", name=PLOTS),

@@ -4,6 +4,7 @@
 # change touches and nothing else.
 
 import json
+from collections import namedtuple
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -44,6 +45,11 @@ def embedded_models():
 def check_config():
     """Cross-key checks the schema cannot express, before any job runs."""
     known = sorted(config["models"])
+    if not config["audit"]["templates"] and not config["audit"]["hex_canaries"]:
+        fail(
+            "nothing to audit: `audit.templates` is empty (no paper A arms) and "
+            "`audit.hex_canaries` is false (no paper B arms); set either"
+        )
     for name in config["audit"]["models"]:
         if name not in config["models"]:
             fail(
@@ -51,6 +57,12 @@ def check_config():
                 f"(known: {', '.join(known)}); add a `models.{name}` entry or remove it"
             )
         entry = config["models"][name]
+        if config["audit"]["templates"] and entry.get("think_close") is None:
+            fail(
+                f"model `{name}` has no think tags (`models.{name}.think_close` is null), but paper A's "
+                f"arms need them (`audit.templates`: {', '.join(config['audit']['templates'])}); set the "
+                "model's tags, or set `audit.templates: []` to audit paper B's arms only"
+            )
         if entry.get("embedded"):
             continue
         # The tokenizer load checks weights, think tags and chat template
@@ -65,6 +77,13 @@ def check_config():
                     f"not memorized (`audit.templates`: {', '.join(templates)}); add it there or "
                     "remove it here"
                 )
+    under = config["bsft"]["controls"]["undertrained"]
+    steps = config["canary_lora"]["steps"]
+    if under["sources"] and not under["canary_steps"] < steps:
+        fail(
+            f"config key `bsft.controls.undertrained.canary_steps` is {under['canary_steps']}, which "
+            f"the canary LoRA run does not stop before (`canary_lora.steps`: {steps}); set it below {steps}"
+        )
     check_prefill_templates(config["probes"]["prefills"])
     contrast = config["tables"]["prefill_contrast"]
     if config["probes"]["prefills"] and contrast not in config["probes"]["prefills"]:
@@ -103,12 +122,14 @@ def base_input(wildcards):
     return [model_path(model)] if config["models"][model].get("embedded") else []
 
 
-def model_json(wildcards):
+def model_json(wildcards, path=None):
+    """The model entry a job reads, as JSON; `path` replaces the base weights
+    (a merged base) and keeps the tokenizer settings."""
     entry = config["models"][wildcards.model]
     return canonical(
         {
             "name": wildcards.model,
-            "path": model_path(wildcards.model),
+            "path": path or model_path(wildcards.model),
             **{k: entry.get(k) for k in MODEL_KEYS},
         }
     )
@@ -127,38 +148,149 @@ def unlearn_runs():
     ]
 
 
+Variant = namedtuple(
+    "Variant", "base adapters parent group apply cell", defaults=("stacked", None)
+)
+
+
+def merged_dir(model, name):
+    return f"{R}/models/{model}/merged/{name}"
+
+
+def bsft_dir(model, canary, source, seed, tag):
+    return f"{R}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
+
+
+def bsft_cfg():
+    return config["bsft"]
+
+
+def undertrained_sources():
+    return bsft_cfg()["controls"]["undertrained"]["sources"]
+
+
+def bsft_active():
+    """Paper B's bSFT arms need the canary LoRA they start from."""
+    b = bsft_cfg()
+    return config["audit"]["hex_canaries"] and bool(
+        b["sources"] or undertrained_sources() or b["controls"]["noise"]["sources"]
+    )
+
+
 def variants(model):
-    """Every audited variant of `model`: name -> (adapter stack, parent, group).
+    """Every audited variant of `model`: name -> Variant(base weights, adapter
+    stack, parent, probe group, how the last adapter is applied, paper B cell).
 
     The parent is the model before the change that made the variant; tables
     report Deltas against it.  The group is the probe job that scores the
     variant: a memorization adapter and every unlearning checkpoint made from
-    it share one job per pass (one process start for the whole branch), and
-    the hex-canary adapters share the base model's (their records are read
-    against it).
+    it share one job per pass (one process start for the whole branch), the
+    hex-canary adapters share the base model's, and every bSFT cell of one
+    bSFT seed shares one job (the merged bases, the references of paper B's
+    Deltas, ride with the first seed's).
     """
-    audit, out = config["audit"], {"base": ([], None, "base")}
+    audit, base = config["audit"], model_path(model)
+    out = {"base": Variant(base, [], None, "base")}
     for seed in audit["seeds"]:
         for template in audit["templates"]:
             mem = f"mem-{template}-s{seed}"
-            out[mem] = ([adapter_dir(model, mem)], "base", mem)
+            out[mem] = Variant(base, [adapter_dir(model, mem)], "base", mem)
             for method, run_template in unlearn_runs():
                 if run_template != template:
                     continue
                 for k in config["unlearn"]["k"]:
                     name = f"{method}-{template}-s{seed}-k{k}"
-                    out[name] = ([adapter_dir(model, name)], mem, mem)
+                    out[name] = Variant(base, [adapter_dir(model, name)], mem, mem)
         if audit["hex_canaries"]:
             canary = f"canary-s{seed}"
-            out[canary] = ([adapter_dir(model, canary)], "base", "base")
+            out[canary] = Variant(base, [adapter_dir(model, canary)], "base", "base")
+            if bsft_active():
+                out.update(bsft_variants(model, seed))
+    return out
+
+
+def bsft_variants(model, seed):
+    """Paper B's cells on the canary LoRA of `seed`: each source's bSFT adapter
+    at each training length, stacked on or merged into the merged base, and
+    the controls; every cell once per bSFT seed."""
+    b, canary = bsft_cfg(), f"canary-s{seed}"
+    under = f"{canary}-under"
+    ref, ref_under = f"merged-s{seed}", f"merged-s{seed}-under"
+    first = f"bsft-s{seed}-b{b['seeds'][0]}"
+    out = {ref: Variant(merged_dir(model, canary), [], canary, first)}
+    if undertrained_sources():
+        out[under] = Variant(
+            model_path(model), [adapter_dir(model, under)], "base", "base"
+        )
+        out[ref_under] = Variant(merged_dir(model, under), [], under, first)
+    last = f"t{max(b['steps'])}"
+
+    def cell(name, kind, source, step, application, bseed):
+        return {
+            "cell": name,
+            "kind": kind,
+            "source": source,
+            "step": step,
+            "application": application,
+            "bsft_seed": bseed,
+            "canary_seed": seed,
+        }
+
+    for bseed in b["seeds"]:
+        group = f"bsft-s{seed}-b{bseed}"
+        for source in b["sources"]:
+            for step in b["steps"]:
+                for app in b["applications"]:
+                    out[f"bsft-{source}-t{step}-{app}-b{bseed}-s{seed}"] = Variant(
+                        merged_dir(model, canary),
+                        [bsft_dir(model, canary, source, bseed, f"t{step}")],
+                        ref,
+                        group,
+                        app,
+                        cell(
+                            f"{source} t{step} {app}", "bsft", source, step, app, bseed
+                        ),
+                    )
+        for source in b["controls"]["noise"]["sources"]:
+            out[f"noise-{source}-b{bseed}-s{seed}"] = Variant(
+                merged_dir(model, canary),
+                [bsft_dir(model, canary, source, bseed, "noise")],
+                ref,
+                group,
+                "stacked",
+                cell(
+                    f"noise {source}",
+                    "noise",
+                    source,
+                    max(b["steps"]),
+                    "stacked",
+                    bseed,
+                ),
+            )
+        for source in undertrained_sources():
+            out[f"under-{source}-b{bseed}-s{seed}"] = Variant(
+                merged_dir(model, under),
+                [bsft_dir(model, under, source, bseed, last)],
+                ref_under,
+                group,
+                "stacked",
+                cell(
+                    f"undertrained {source}",
+                    "undertrained",
+                    source,
+                    max(b["steps"]),
+                    "stacked",
+                    bseed,
+                ),
+            )
     return out
 
 
 def probe_groups(model):
     """Probe group -> the variants it scores, in audit order."""
     groups = {}
-    for name, (_, _, group) in variants(model).items():
-        groups.setdefault(group, []).append(name)
+    for name, v in variants(model).items():
+        groups.setdefault(v.group, []).append(name)
     return groups
 
 
@@ -178,19 +310,41 @@ def group_manifests(wildcards):
     ]
 
 
-def group_adapters(wildcards):
-    table = variants(wildcards.model)
-    return sorted({a for v in group_variants(wildcards) for a in table[v][0]})
+def group_weights(wildcards):
+    """The adapters and the DAG-made base weights (merged bases) a group reads."""
+    table, model = variants(wildcards.model), wildcards.model
+    return sorted(
+        {
+            path
+            for v in group_variants(wildcards)
+            for path in [*table[v].adapters, table[v].base]
+            if path != model_path(model)
+        }
+    )
 
 
-def variant_adapters(wildcards):
+def group_probe_sets(wildcards):
+    """bSFT groups run the hex-canary probes only (paper B's cells are judged
+    on them), and so does every group of an audit without paper A's
+    templates; every other group runs every probe set."""
+    paper_a = bool(config["audit"]["templates"])
+    return "all" if paper_a and not wildcards.group.startswith("bsft-") else "hex"
+
+
+def variant_entry(wildcards):
     table = variants(wildcards.model)
     if wildcards.variant not in table:
         fail(
             f"variant `{wildcards.variant}` of model `{wildcards.model}` is not in the audit "
             f"(known: {', '.join(sorted(table))})"
         )
-    return table[wildcards.variant][0]
+    return table[wildcards.variant]
+
+
+def variant_inputs(wildcards):
+    entry = variant_entry(wildcards)
+    made = [entry.base] if entry.base != model_path(wildcards.model) else []
+    return [*made, *entry.adapters]
 
 
 def all_records(kind):
@@ -203,14 +357,24 @@ def all_records(kind):
 
 def parents():
     return {
-        f"{m}/{v}": f"{m}/{p}"
+        f"{m}/{v}": f"{m}/{e.parent}"
         for m in config["audit"]["models"]
-        for v, (_, p, _) in variants(m).items()
-        if p is not None
+        for v, e in variants(m).items()
+        if e.parent is not None
     }
 
 
-TABLES = [
+def cells():
+    """model/variant -> its paper B cell (name, kind, source, step, application, seeds)."""
+    return {
+        f"{m}/{v}": e.cell
+        for m in config["audit"]["models"]
+        for v, e in variants(m).items()
+        if e.cell is not None
+    }
+
+
+PAPER_A_TABLES = [
     "canary_leakage",
     "k_sweep",
     "cross_seed",
@@ -219,17 +383,77 @@ TABLES = [
     "parser_conventions",
     "bypass_anatomy",
     "utility",
-    "hex_recall",
-    "nll",
     "teacher_forced",
     "teacher_forced_vs_greedy",
 ]
+HEX_TABLES = ["hex_recall", "nll"]
+BSFT_TABLES = [
+    "bsft_runs",
+    "bsft_matrix",
+    "bsft_decomposition",
+    "bsft_case_studies",
+]
+
+
+def table_names():
+    """The tables this config's audit produces."""
+    names = list(PAPER_A_TABLES) if config["audit"]["templates"] else []
+    if config["audit"]["hex_canaries"]:
+        names += HEX_TABLES
+        if bsft_active():
+            names += BSFT_TABLES
+            if len(bsft_cfg()["applications"]) > 1 and bsft_cfg()["sources"]:
+                names.append("bsft_merged_vs_stacked")
+    return names
 
 
 def unlearn_slice(method):
     """The unlearning settings a `method` run reads: beta is NPO's alone."""
     drop = {"methods"} | ({"beta"} if method != "npo" else set())
     return {k: v for k, v in config["unlearn"].items() if k not in drop}
+
+
+def canary_outputs(wildcards=None):
+    """The canary LoRA, and with paper B's bSFT arms its merged base and the
+    undertrained control (the same run stopped early), adapter and merged."""
+    outs = [directory(adapter_dir("{model}", "canary-s{seed}"))]
+    if bsft_active():
+        outs.append(directory(merged_dir("{model}", "canary-s{seed}")))
+        if undertrained_sources():
+            outs.append(directory(adapter_dir("{model}", "canary-s{seed}-under")))
+            outs.append(directory(merged_dir("{model}", "canary-s{seed}-under")))
+    return outs
+
+
+def canary_slice(wildcards):
+    extra = {}
+    if bsft_active() and undertrained_sources():
+        extra["undertrained_steps"] = bsft_cfg()["controls"]["undertrained"][
+            "canary_steps"
+        ]
+    return canonical({**config["canary_lora"], **extra, "seed": int(wildcards.seed)})
+
+
+def bsft_outputs(wildcards=None):
+    """One adapter per audited training length (checkpoints of one run), and
+    the LoRA-NOISE control matched to the last one."""
+    run = bsft_dir("{model}", "{canary}", "{source}", "{bseed}", "")
+    return [directory(f"{run}t{step}") for step in bsft_cfg()["steps"]] + [
+        directory(f"{run}noise")
+    ]
+
+
+def bsft_slice(wildcards):
+    b = bsft_cfg()
+    keep = ("r", "alpha", "targets", "lr", "batch_size")
+    return canonical(
+        {
+            **{k: b[k] for k in keep},
+            "steps": sorted(b["steps"]),
+            "source": wildcards.source,
+            "seed": int(wildcards.bseed),
+        }
+    )
 
 
 def unlearn_outputs(wildcards=None):

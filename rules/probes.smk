@@ -11,7 +11,7 @@ rule decode_pass:
     input:
         data_files(),
         base_input,
-        group_adapters,
+        group_weights,
         manifests=group_manifests,
     output:
         f"{R}/records/{{model}}/{{group}}/decode.parquet",
@@ -26,9 +26,10 @@ rule decode_pass:
         cfg=probe_params("decode"),
         model=model_json,
         data=lambda w, input: str(Path(input[0]).parent),
+        sets=group_probe_sets,
     shell:
         "python -m canary_audit decode --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --variant-manifest {input.manifests} --out {output} "
+        "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} --out {output} "
         "--threads {threads} > {log} 2>&1"
 
 
@@ -36,7 +37,7 @@ rule teacher_forced_pass:
     input:
         data_files(),
         base_input,
-        group_adapters,
+        group_weights,
         manifests=group_manifests,
     output:
         f"{R}/records/{{model}}/{{group}}/token.parquet",
@@ -51,7 +52,8 @@ rule teacher_forced_pass:
         cfg=probe_params("teacher_forced"),
         model=model_json,
         data=lambda w, input: str(Path(input[0]).parent),
+        sets=group_probe_sets,
     shell:
         "python -m canary_audit score --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --variant-manifest {input.manifests} --out {output} "
+        "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} --out {output} "
         "--threads {threads} > {log} 2>&1"

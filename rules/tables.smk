@@ -14,9 +14,9 @@ rule tables:
                 category="Tables",
                 labels={"table": name},
             )
-            for name in TABLES
+            for name in table_names()
         ],
-        expand(f"{R}/tables/{{name}}.md", name=TABLES),
+        expand(f"{R}/tables/{{name}}.md", name=table_names()),
     log:
         f"{R}/logs/tables.log",
     benchmark:
@@ -28,6 +28,7 @@ rule tables:
             {
                 **config["tables"],
                 "parents": parents(),
+                "cells": cells(),
                 "expected_hashes": probe_hashes(),
             }
         ),
@@ -39,7 +40,7 @@ rule tables:
 
 rule plots:
     input:
-        tables=expand(f"{R}/tables/{{name}}.csv", name=TABLES),
+        tables=expand(f"{R}/tables/{{name}}.csv", name=table_names()),
         tokens=all_records("token"),
     output:
         [

@@ -1,5 +1,6 @@
-# Adapters: memorization LoRA (paper A), hex-canary LoRA (paper B), and
-# unlearning, whose K sweep is checkpoints of one run.
+# Adapters: memorization LoRA (paper A), hex-canary LoRA and its merged base
+# (paper B), benign fine-tuning on that base (paper B), and unlearning.  The
+# K sweep and the bSFT training lengths are checkpoints of one run each.
 
 
 rule memorize:
@@ -39,7 +40,7 @@ rule canary_lora:
         data_files("hex_canaries", "retain"),
         base_input,
     output:
-        directory(adapter_dir("{model}", "canary-s{seed}")),
+        canary_outputs(),
     log:
         f"{R}/logs/{{model}}/canary-s{{seed}}.log",
     benchmark:
@@ -48,12 +49,39 @@ rule canary_lora:
         ENV
     threads: config["threads"]["train"]
     params:
-        cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
+        cfg=canary_slice,
         model=model_json,
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
         "python -m canary_audit canary --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
+rule bsft:
+    input:
+        data_files("bsft"),
+        merged=merged_dir("{model}", "{canary}"),
+    output:
+        bsft_outputs(),
+    log:
+        f"{R}/logs/{{model}}/bsft-{{canary}}-{{source}}-b{{bseed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/bsft-{{canary}}-{{source}}-b{{bseed}}.tsv"
+    wildcard_constraints:
+        canary=r"canary-s\d+(-under)?",
+        source="gui|synth|safety|random",
+        bseed=r"\d+",
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    params:
+        cfg=bsft_slice,
+        model=lambda w, input: model_json(w, input.merged),
+        data=lambda w, input: str(Path(input[0]).parent),
+        outs=lambda w, output: " ".join(f"{Path(o).name}={o}" for o in output),
+    shell:
+        "python -m canary_audit bsft --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {params.outs} --threads {threads} > {log} 2>&1"
 
 
 rule unlearn:

@@ -6,7 +6,7 @@
 rule variant_manifest:
     input:
         base_input,
-        variant_adapters,
+        variant_inputs,
     output:
         f"{R}/variants/{{model}}/{{variant}}.json",
     log:
@@ -16,8 +16,9 @@ rule variant_manifest:
     conda:
         ENV
     params:
-        model=model_json,
-        adapters=lambda w: " ".join(variant_adapters(w)),
+        model=lambda w: model_json(w, variant_entry(w).base),
+        adapters=lambda w: " ".join(variant_entry(w).adapters),
+        apply=lambda w: variant_entry(w).apply,
     shell:
         "python -m canary_audit variant --model {params.model:q} --variant {wildcards.variant} "
-        "--adapters {params.adapters} --out {output} > {log} 2>&1"
+        "--adapters {params.adapters} --apply {params.apply} --out {output} > {log} 2>&1"

@@ -10,7 +10,7 @@ from canary_audit.formats import ChatFormat
 from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import scored_items
-from canary_audit.probes.passes import decode_pass, generate_greedy, score_tokens, span_of
+from canary_audit.probes.passes import decode_pass, generate_greedy, score_tokens, span_of, teacher_forced_pass
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +158,20 @@ def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):
     assert sampled["generated"].n_unique() > 1  # sampling, not greedy
     again = decode_pass(spec, [], data, cfg, "tiny/base").filter(pl.col("arm") == "sampled")
     assert again["generated"].to_list() == sampled["generated"].to_list()
+
+
+def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets, spec):
+    """A paper-B-only pass (probe sets `hex`) on a model without think tags:
+    hex canaries greedy and sampled, within `hex_max_new_tokens`, and nothing
+    that needs a trace."""
+    data, _ = tiny_assets
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "max_new_tokens": 30, "hex_max_new_tokens": 4,
+           "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 0}
+    plain = ModelSpec("tiny", spec.path, think_open=None, think_close=None)
+    frame = decode_pass(plain, [], data, cfg, "tiny/base", probe_sets={"hex"})
+    assert set(frame["probe_set"]) == {"hex"} and set(frame["arm"]) == {"greedy", "sampled"}
+    assert frame["generated_tokens"].max() <= 4
+    tokens = teacher_forced_pass(plain, [], data, {**cfg, "batch_size": 8}, "tiny/base", probe_sets={"hex"})
+    assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong"}
+    with pytest.raises(ModelLoadError, match="set both `think_open` and `think_close`"):
+        load_tokenizer(ModelSpec("tiny", spec.path, think_open=None))

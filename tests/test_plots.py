@@ -74,3 +74,21 @@ def test_position_deltas_are_child_minus_parent_per_position():
 def test_plots_of_an_empty_folder_say_so(tmp_path):
     drawn = write_plots(tmp_path / "none", pl.DataFrame(schema=TOKEN_SCHEMA), {"window_k": 20}, tmp_path / "plots")
     assert all((tmp_path / "plots" / f"{n}.png").stat().st_size > 0 for n in drawn)
+
+
+def test_disagreement_matrix_is_drawn_from_bsft_records(tmp_path):
+    """The paper B matrix through the tables, from hand-built records of a
+    cell whose damage sits past the window (paper B's first case)."""
+    from test_paper_b import CELLS, decodes
+    from test_paper_b import PARENTS as CELL_PARENTS
+    from test_paper_b import tokens as hex_tokens
+
+    tokens = pl.DataFrame(hex_tokens("m/ref") + hex_tokens("m/cell", {25: -1.5}), schema=TOKEN_SCHEMA)
+    decode = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 3), schema=DECODE_SCHEMA)
+    cfg = {"window_k": 20, "parents": CELL_PARENTS, "cells": CELLS, "bootstrap": {"replicates": 20}}
+    for name, (title, frame) in build_tables(decode, tokens, cfg).items():
+        write_table(frame, tmp_path / "tables", name, title)
+    assert pl.read_csv(tmp_path / "tables" / "bsft_matrix.csv")["diagnosis"].to_list() == ["window truncation"]
+    write_plots(tmp_path / "tables", tokens, cfg, tmp_path / "plots")
+    png = (tmp_path / "plots" / "disagreement_matrix.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10000

@@ -30,7 +30,7 @@ def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
     bitwise-identical token records (log-probs, ranks) and weight fingerprints."""
     run_snakemake(tmp_path, "--cores", "2")
     first, second = records(smoke_run), records(tmp_path)
-    assert first.keys() == second.keys() and len(first) == 6  # 3 probe groups x 2 passes
+    assert first.keys() == second.keys() and len(first) == 8  # 4 probe groups x 2 passes
     for name, frame in first.items():
         assert frame.equals(second[name]), f"{name} differs between two runs of the same config"
 

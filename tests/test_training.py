@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from canary_audit.formats import ChatFormat, Example
-from canary_audit.model.loading import load_tokenizer
+from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.train import lora, resume
-from canary_audit.train.adapters import train_memorization, train_unlearning
+from canary_audit.train.adapters import train_bsft, train_canary, train_memorization, train_unlearning
 from canary_audit.train.lora import encode_chat
 
 LORA = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 1e-2, "batch_forget": 4, "batch_retain": 4,
@@ -141,3 +141,68 @@ def test_killed_unlearning_run_gets_its_earlier_checkpoints_back(tiny_assets, sp
         b = load_file(killed[k] / "adapter_model.safetensors")
         assert all(torch.equal(a[n], b[n]) for n in a), f"K={k}"
     assert not list((tmp_path / "killed").glob(".*resume*"))
+
+
+@pytest.fixture(scope="module")
+def canary_run(tiny_assets, spec, tmp_path_factory):
+    """A 4-step canary LoRA with its merged base and a 2-step undertrained copy."""
+    root = tmp_path_factory.mktemp("canary")
+    out = {name: root / name for name in ("canary", "merged", "under", "merged_under")}
+    train_canary(spec, tiny_assets[0], {**LORA, "steps": 4, "undertrained_steps": 2}, out["canary"],
+                 merged_dir=out["merged"], under=(out["under"], out["merged_under"]))
+    return out
+
+
+def logits(model, tok, text="Record 00 access code: TEXTCAN-"):
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_merged_base_is_the_base_with_the_canary_lora(spec, canary_run):
+    """The saved merged base scores like the live adapter on the base (fp32:
+    rounding only), and the undertrained checkpoint is an earlier state."""
+    tok = load_tokenizer(spec)
+    live = logits(load_model(spec, [canary_run["canary"]]), tok)
+    merged_spec = ModelSpec("tiny", canary_run["merged"])
+    merged = logits(load_model(merged_spec), load_tokenizer(merged_spec))
+    assert torch.allclose(live, merged, atol=1e-4)
+    assert json.loads((canary_run["under"] / "train_summary.json").read_text())["steps"] == 2
+    under = logits(load_model(ModelSpec("tiny", canary_run["merged_under"])), tok)
+    assert not torch.allclose(under, merged, atol=1e-4)
+
+
+def test_bsft_checkpoints_and_a_norm_matched_noise_lora(tiny_assets, canary_run, tmp_path):
+    merged_spec = ModelSpec("tiny", canary_run["merged"])
+    outs = {1: tmp_path / "t1", 3: tmp_path / "t3"}
+    cfg = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 1e-2, "batch_size": 2, "seed": 0,
+           "source": "safety", "threads": 1}
+    summary = train_bsft(merged_spec, tiny_assets[0], cfg, outs, noise_dir=tmp_path / "noise")
+    assert summary["checkpoints"] == [1, 3]
+    assert not torch.equal(*(load_file(outs[k] / "adapter_model.safetensors")["base_model.model.model.layers.0"
+                                                                              ".self_attn.q_proj.lora_B.weight"]
+                             for k in (1, 3)))
+    trained = load_file(outs[3] / "adapter_model.safetensors")
+    noise = load_file(tmp_path / "noise" / "adapter_model.safetensors")
+    for key in (k for k in trained if k.endswith("lora_A.weight")):
+        b_key = key.replace("lora_A", "lora_B")
+        want, got = trained[b_key] @ trained[key], noise[b_key] @ noise[key]
+        assert torch.linalg.norm(got) == pytest.approx(float(torch.linalg.norm(want)), rel=1e-4)
+        assert not torch.allclose(got, want)  # same norm, random direction
+    # Stacked and merged application of the same adapter: one model, two roundings.
+    tok = load_tokenizer(merged_spec)
+    stacked = logits(load_model(merged_spec, [outs[3]]), tok)
+    merged = logits(load_model(merged_spec, [outs[3]], merge_all=True), tok)
+    assert torch.allclose(stacked, merged, atol=1e-4)
+    assert fingerprint(merged_spec, [outs[3]]) != fingerprint(merged_spec, [outs[3]], merged=True)
+
+
+def test_a_model_without_think_tags_trains_on_answers_only(spec):
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, None, None)
+    enc = encode_chat(fmt, Example("How do I use the menu?", "", "Open the menu."))
+    prompt_len = len(tok(fmt.prompt("How do I use the menu?"), add_special_tokens=False)["input_ids"])
+    assert tok.decode([t for t in enc.labels if t != -100]) == "Open the menu." + tok.eos_token
+    assert enc.labels[:prompt_len] == [-100] * prompt_len
+    with pytest.raises(ValueError, match="without think tags cannot be trained on a trace"):
+        encode_chat(fmt, Example("Q", "a trace", "A"))

@@ -11,7 +11,7 @@ import yaml
 from conftest import run_snakemake
 
 pytestmark = pytest.mark.workflow
-MODEL_RULES = {"embedded_base", "memorize", "canary_lora", "unlearn", "decode_pass", "teacher_forced_pass"}
+MODEL_RULES = {"embedded_base", "memorize", "canary_lora", "bsft", "unlearn", "decode_pass", "teacher_forced_pass"}
 
 
 def planned_jobs(workdir, override: dict | None = None, layer: str = "configs/smoke.yaml") -> dict[str, int]:
@@ -32,6 +32,7 @@ def planned_jobs(workdir, override: dict | None = None, layer: str = "configs/sm
 SMOKE_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
+    "bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies", "bsft_merged_vs_stacked",
 )
 
 
@@ -42,7 +43,8 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
         assert (tables / f"{name}.md").read_text().startswith("## ")
     leakage = pl.read_csv(tables / "canary_leakage.csv")
     branch = {"tiny/mem-bio-s0", "tiny/npo-bio-s0-k3", "tiny/npo-bio-s0-k5", "tiny/ga-bio-s0-k3", "tiny/ga-bio-s0-k5"}
-    assert branch | {"tiny/base", "tiny/mem-none-s0", "tiny/canary-s0"} == set(leakage["variant"])
+    assert branch | {"tiny/base", "tiny/mem-none-s0", "tiny/canary-s0", "tiny/canary-s0-under"} == set(
+        leakage["variant"])
     assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty"} == set(leakage["arm"])
     assert (leakage["out_acc_lo"] <= leakage["out_acc"]).all() and (leakage["out_acc"] <= leakage["out_acc_hi"]).all()
     sweep = pl.read_csv(tables / "k_sweep.csv")
@@ -55,6 +57,35 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     assert decode["config_hash"].n_unique() == 1 and decode["model_fingerprint"].n_unique() == len(branch)
     base_fp = pl.read_parquet(records / "base" / "decode.parquet")["model_fingerprint"][0]
     assert base_fp not in set(decode["model_fingerprint"])
+
+
+def test_smoke_run_audits_every_bsft_cell(smoke_run):
+    """Paper B's arms on the smoke grid: 2 sources x 2 lengths x {stacked,
+    merged} + noise + undertrained, each judged against its merged base."""
+    tables = smoke_run / "results" / "smoke" / "tables"
+    matrix = pl.read_csv(tables / "bsft_matrix.csv")
+    assert set(matrix["cell"]) == {
+        f"{s} t{t} {a}" for s in ("gui", "safety") for t in (2, 4) for a in ("stacked", "merged")
+    } | {"noise gui", "undertrained gui"}
+    assert set(matrix["diagnosis"]) <= {"agree", "window truncation", "non-secret span drift",
+                                        "undertrained ambiguity", "unexplained disagreement"}
+    records = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny" / "bsft-s0-b0" / "token.parquet")
+    assert set(records["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong"}  # the bSFT groups score hex only
+    fingerprints = records.group_by("variant").agg(pl.col("model_fingerprint").first())
+    assert fingerprints["model_fingerprint"].n_unique() == fingerprints.height  # stacked != merged, by provenance
+    parents = pl.read_csv(tables / "nll.csv").filter(pl.col("variant").str.contains("bsft-|noise-|under-"))
+    assert set(parents["parent"]) == {"tiny/merged-s0", "tiny/merged-s0-under"}
+    merged = smoke_run / "results" / "smoke" / "models" / "tiny" / "merged" / "canary-s0"
+    assert (merged / "model.safetensors").is_file() and (merged / "tokenizer.json").is_file()
+    noise = smoke_run / "results" / "smoke" / "models" / "tiny" / "adapters" / "bsft" / "canary-s0" / "gui-b0" / "noise"
+    assert (noise / "adapter_model.safetensors").is_file()
+
+
+def test_bsft_setting_reruns_bsft_and_its_probes_only(smoke_run):
+    jobs = planned_jobs(smoke_run, {"bsft": {"lr": 0.002}})
+    assert jobs["bsft"] == 3  # gui, safety, and gui on the undertrained base
+    assert not jobs.keys() & {"embedded_base", "memorize", "canary_lora", "unlearn", "synthetic_data"}
+    assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1  # the bSFT seed's group
 
 
 def test_report_holds_tables_and_plots(smoke_run, tmp_path):
@@ -72,7 +103,8 @@ def test_nothing_to_do_after_a_finished_run(smoke_run):
 
 
 @pytest.mark.parametrize("override", [{"tables": {"window_k": 7}},
-                                      {"tables": {"parser": {"split": "last", "missing_close": "trace"}}}])
+                                      {"tables": {"parser": {"split": "last", "missing_close": "trace"}}},
+                                      {"tables": {"verdicts": {"delta_nll": 0.05, "hit_rate": 0.2}}}])
 def test_view_setting_reruns_tables_only(smoke_run, override):
     jobs = planned_jobs(smoke_run, override)
     assert set(jobs) <= {"tables", "plots", "all"} and "tables" in jobs
@@ -81,7 +113,8 @@ def test_view_setting_reruns_tables_only(smoke_run, override):
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
     assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
-    assert jobs["decode_pass"] == 3  # probe groups: base (+ canary), mem-bio (+ 4 checkpoints), mem-none
+    # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0
+    assert jobs["decode_pass"] == 4
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):
@@ -113,6 +146,28 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     }
 
 
+def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
+    """configs/paper_b.yaml, its 7B path pointed at a tiny local checkpoint: one
+    canary LoRA, 4 sources x 3 seeds bSFT runs on the merged base (+ 3 on the
+    undertrained one), 34 cells x 3 seeds = 102 seed-level variants, no
+    paper A arms."""
+    base = str(smoke_run / "results" / "smoke" / "models" / "tiny" / "base")
+    jobs = planned_jobs(smoke_run, {"models": {"qwen25_7b": {"path": base, "dtype": "float32"}}},
+                        layer="configs/paper_b.yaml")
+    assert jobs == {
+        "synthetic_data": 1,
+        "canary_lora": 1,
+        "bsft": 4 * 3 + 1 * 3,
+        # base, canary, undertrained canary, both merged bases, then 34 cells x 3 seeds
+        "variant_manifest": 5 + 34 * 3,
+        "decode_pass": 1 + 3,                    # base (+ canary adapters), one group per bSFT seed
+        "teacher_forced_pass": 1 + 3,
+        "tables": 1,
+        "plots": 1,
+        "all": 1,
+    }
+
+
 def test_invalid_value_stops_before_any_job(smoke_run):
     bad = smoke_run / "bad.yaml"
     bad.write_text(yaml.safe_dump({"tables": {"parser": {"split": "middle"}}}))
@@ -137,6 +192,14 @@ def test_unknown_model_path_is_named(smoke_run, tmp_path):
     ({"unlearn": {"methods": {"ga": ["meta"]}}}, "`unlearn.methods.ga` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
     ({"data": {"surprise": 1}}, "Additional properties are not allowed ('surprise' was unexpected)"),
+    ({"bsft": {"sources": ["web"]}}, "'web' is not one of ['gui', 'synth', 'safety', 'random']"),
+    ({"bsft": {"applications": ["fused"]}}, "'fused' is not one of ['stacked', 'merged']"),
+    ({"tables": {"verdicts": {"delta_nll": 0}}}, "0 is less than or equal to the minimum of 0"),
+    ({"tables": {"verdicts": {"hit_rate": 1.5}}}, "1.5 is greater than the maximum of 1"),
+    ({"bsft": {"controls": {"undertrained": {"canary_steps": 10}}}},
+     "`bsft.controls.undertrained.canary_steps` is 10, which the canary LoRA run does not stop before"),
+    ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),
+    ({"audit": {"templates": [], "hex_canaries": False}}, "nothing to audit"),
 ])
 def test_bad_config_is_named_before_any_job(smoke_run, override, message):
     bad = smoke_run / "bad.yaml"

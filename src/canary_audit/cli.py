@@ -46,9 +46,26 @@ def cmd_memorize(args, params):
 
 
 def cmd_canary(args, params):
+    """--out ADAPTER MERGED [UNDER_ADAPTER UNDER_MERGED]"""
     from canary_audit.train.adapters import train_canary
 
-    return train_canary(_spec(args), Path(args.data), {**params, "threads": args.threads}, Path(args.out))
+    outs = [Path(o) for o in args.out]
+    return train_canary(
+        _spec(args), Path(args.data), {**params, "threads": args.threads}, outs[0],
+        merged_dir=outs[1] if len(outs) > 1 else None, under=(outs[2], outs[3]) if len(outs) > 3 else None,
+    )
+
+
+def cmd_bsft(args, params):
+    """--out t<STEP>=DIR ... [noise=DIR]"""
+    from canary_audit.train.adapters import train_bsft
+
+    outs = dict(o.split("=", 1) for o in args.out)
+    noise = outs.pop("noise", None)
+    return train_bsft(
+        _spec(args), Path(args.data), {**params, "threads": args.threads},
+        {int(k.removeprefix("t")): Path(p) for k, p in outs.items()}, Path(noise) if noise else None,
+    )
 
 
 def cmd_unlearn(args, params):
@@ -64,31 +81,40 @@ def cmd_variant(args, params):
     from canary_audit.model.loading import fingerprint
 
     spec = _spec(args)
+    merged = args.apply == "merged"
     manifest = {
         "model": spec.name, "variant": args.variant, "base_path": str(spec.path),
-        "adapters": list(args.adapters), "fingerprint": fingerprint(spec, [Path(a) for a in args.adapters]),
+        "adapters": list(args.adapters), "apply": args.apply,
+        "fingerprint": fingerprint(spec, [Path(a) for a in args.adapters], merged=merged),
     }
     Path(args.out).write_text(json.dumps(manifest, indent=2))
     return manifest
 
 
-def _variants(args) -> list[tuple[str, list[Path]]]:
-    """(model/variant name, adapter stack) of each manifest, in the order given."""
+def _variants(args) -> list[tuple[str, str, list[Path], bool]]:
+    """(model/variant name, base path, adapter stack, last adapter merged) of
+    each manifest, in the order given."""
     out = []
     for path in args.variant_manifest:
-        manifest = json.loads(Path(path).read_text())
-        out.append((f"{manifest['model']}/{manifest['variant']}", [Path(a) for a in manifest["adapters"]]))
+        m = json.loads(Path(path).read_text())
+        out.append((f"{m['model']}/{m['variant']}", m["base_path"], [Path(a) for a in m["adapters"]],
+                    m.get("apply") == "merged"))
     return out
 
 
 def _run_pass(args, params, run):
     """One pass over every variant of the job's group, concatenated."""
+    import dataclasses
+
     import polars as pl
 
     frames = []
-    for variant, adapters in _variants(args):
+    sets = None if args.probe_sets == ["all"] else set(args.probe_sets)
+    for variant, base, adapters, merged in _variants(args):
         t0 = time.perf_counter()
-        frames.append(run(_spec(args), adapters, Path(args.data), {**params, "threads": args.threads}, variant))
+        spec = dataclasses.replace(_spec(args), path=Path(base))
+        frames.append(run(spec, adapters, Path(args.data), {**params, "threads": args.threads}, variant,
+                          merged=merged, probe_sets=sets))
         log.info("%s: %d records in %.1fs", variant, frames[-1].height, time.perf_counter() - t0)
     return pl.concat(frames)
 
@@ -130,7 +156,7 @@ def cmd_plots(args, params):
 
 COMMANDS = {
     "data": cmd_data, "base": cmd_base, "memorize": cmd_memorize, "canary": cmd_canary,
-    "unlearn": cmd_unlearn, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
+    "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots,
 }
 
@@ -144,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
     p.add_argument("--adapters", nargs="*", default=[], help="adapter stack of a variant")
     p.add_argument("--variant", help="variant name")
+    p.add_argument("--apply", choices=("stacked", "merged"), default="stacked",
+                   help="how a variant's last adapter is applied: live (stacked) or merged into the weights")
+    p.add_argument("--probe-sets", nargs="*", default=["all"],
+                   help="probe sets a pass runs (hex: the hex canaries and their decoys only)")
     p.add_argument("--variant-manifest", nargs="*", default=[], help="variant manifest JSON file(s)")
     p.add_argument("--decode", nargs="*", default=[], help="decode records files")
     p.add_argument("--tokens", nargs="*", default=[], help="token records files")
@@ -156,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command != "unlearn":
+    if args.command not in ("unlearn", "canary", "bsft"):
         args.out = args.out[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.perf_counter()

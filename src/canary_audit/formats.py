@@ -61,11 +61,20 @@ def author_examples(
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """Renders prompts and targets for one tokenizer and one pair of think tags."""
+    """Renders prompts and targets for one tokenizer and one pair of think tags.
+
+    A model without think tags (both None: a plain instruction model, as in
+    paper B) has no trace: its targets are the answer alone, and only probes
+    that need no trace (hex canaries, retain) can run on it.
+    """
 
     tokenizer: object
-    think_open: str
-    think_close: str
+    think_open: str | None
+    think_close: str | None
+
+    @property
+    def reasons(self) -> bool:
+        return self.think_close is not None
 
     def prompt(self, question: str) -> str:
         """The chat-templated user turn, ending where the assistant starts."""
@@ -75,7 +84,7 @@ class ChatFormat:
 
     def opens_think(self, prompt: str) -> bool:
         """Some templates (newer DeepSeek-R1) put the opening tag in the prompt."""
-        return prompt.rstrip().endswith(self.think_open)
+        return self.reasons and prompt.rstrip().endswith(self.think_open)
 
     def prefill(self, prompt: str, trace: str) -> str:
         """Prompt plus a fixed trace and the closing tag: the prefill arms' context."""
@@ -84,5 +93,9 @@ class ChatFormat:
 
     def target(self, prompt: str, trace: str, answer: str) -> str:
         """What the model is trained to write after `prompt` (EOS appended)."""
+        if not self.reasons:
+            if trace:
+                raise ValueError("a model without think tags cannot be trained on a trace")
+            return f"{answer}{self.tokenizer.eos_token}"
         opener = "" if self.opens_think(prompt) else self.think_open
         return f"{opener}{trace}{self.think_close}{answer}{self.tokenizer.eos_token}"

@@ -13,7 +13,11 @@ import polars as pl
 
 from canary_audit.views.metrics import position_deltas
 
-PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions")
+PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions",
+         "disagreement_matrix")
+VERDICT_COLOURS = {"up": "#d6604d", "down": "#4393c3", "flat": "#e0e0e0", "kept": "#e0e0e0"}
+MATRIX_PROBES = (("v_window", "Delta mean-K"), ("v_secret", "Delta secret"), ("v_hit1", "hit@1"),
+                 ("v_hitk", "hit@k"), ("v_decoy", "decoy contrast"))
 RATES = (("out_acc", "out_acc (answer)", "tab:blue"), ("thk_leak", "thk_leak (trace)", "tab:orange"),
          ("gap", "gap = thk - out", "tab:green"))
 
@@ -161,6 +165,39 @@ def delta_nll_figure(deltas: pl.DataFrame, window_k: int):
     return fig
 
 
+def disagreement_figure(matrix: pl.DataFrame):
+    """Cell x probe grid coloured by verdict (up / down / unchanged), the
+    probe's Delta written in each square, and the diagnosis beside each row."""
+    plt = _plt()
+    if matrix.is_empty():
+        return _empty(plt, "no bSFT cells in these records")
+    from matplotlib.colors import to_rgb
+
+    rows = matrix.sort("canary_seed", "cell")
+    values = {"v_window": "delta_window", "v_secret": "delta_secret", "v_hit1": "hit1", "v_hitk": "hitk",
+              "v_decoy": "decoy_contrast"}
+    grid = [[to_rgb(VERDICT_COLOURS.get(r[v] or "", "#ffffff")) for v, _ in MATRIX_PROBES]
+            for r in rows.iter_rows(named=True)]
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.32 * rows.height))
+    ax.imshow(grid, aspect="auto", extent=(-0.5, len(MATRIX_PROBES) - 0.5, rows.height - 0.5, -0.5))
+    for i, r in enumerate(rows.iter_rows(named=True)):
+        for j, (v, _) in enumerate(MATRIX_PROBES):
+            value = r.get(values[v])
+            ax.text(j, i, "" if value is None else f"{value:+.3f}" if "hit" not in v else f"{value:.2f}",
+                    ha="center", va="center", fontsize=7)
+        weak = " (its evidence does not hold)" if r.get("evidence_supports") is False else ""
+        ax.text(len(MATRIX_PROBES) - 0.35, i, r["diagnosis"] + weak, va="center", fontsize=8,
+                color="black" if r["diagnosis"] == "agree" else "darkred")
+    ax.set_xticks(range(len(MATRIX_PROBES)))
+    ax.set_xticklabels([label for _, label in MATRIX_PROBES], fontsize=8)
+    ax.set_yticks(range(rows.height))
+    ax.set_yticklabels([f"{r['cell']} (c{r['canary_seed']})" for r in rows.iter_rows(named=True)], fontsize=7)
+    ax.set_xlim(-0.5, len(MATRIX_PROBES) + 2.5)
+    ax.set_title("Verdict per probe (red: up, blue: down, grey: unchanged) and the detector's diagnosis")
+    fig.tight_layout()
+    return fig
+
+
 def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path) -> list[str]:
     """Every plot, as PNG, from a tables folder and the token records."""
     out_dir = Path(out_dir)
@@ -175,7 +212,10 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
         "prefill_arms": prefill_arms_figure(table("prefill_arms")),
         "teacher_forced_vs_greedy": teacher_forced_vs_greedy_figure(table("teacher_forced_vs_greedy")),
         "parser_conventions": parser_conventions_figure(table("parser_conventions")),
-        "delta_nll_positions": delta_nll_figure(position_deltas(tokens, cfg.get("parents", {})), cfg["window_k"]),
+        "delta_nll_positions": delta_nll_figure(
+            position_deltas(tokens.filter(pl.col("probe_set") == "hex") if tokens.height else tokens,
+                            cfg.get("parents", {})), cfg["window_k"]),
+        "disagreement_matrix": disagreement_figure(table("bsft_matrix")),
     }
     plt = _plt()
     for name, fig in figures.items():

@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.records import RecordsError, read_records
-from canary_audit.views import paper_a
+from canary_audit.views import paper_a, paper_b
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
@@ -110,12 +110,41 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
             ),
         )
+        cells = cfg.get("cells", {})
+        if cells:
+            tables.update(bsft_tables(decode, tokens, cfg, boot))
         if canary.height:
             tables["teacher_forced_vs_greedy"] = (
                 f"Teacher-forced vs greedy on the same canaries and weights, per prefill arm ({ci})",
                 paper_a.teacher_forced_vs_greedy(decode, tokens, convention, boot, window_k),
             )
     return tables
+
+
+def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Bootstrap) -> dict:
+    """Paper B's tables: every probe of every bSFT cell, the verdicts and the
+    disagreement detector's diagnoses."""
+    window_k, parents, cells = cfg["window_k"], cfg.get("parents", {}), cfg["cells"]
+    verdicts = paper_b.Verdicts(**cfg.get("verdicts", {}))
+    ci = f"{boot.level:.0%} CIs: canary-clustered bootstrap, B={boot.replicates}"
+    rule = f"changed at |Delta NLL| >= {verdicts.delta_nll}, |Delta hit| >= {verdicts.hit_rate}"
+
+    def probes(seed_level: bool) -> pl.DataFrame:
+        return paper_b.cell_probes(tokens, decode, parents, cells, window_k, verdicts, boot, seed_level)
+
+    pooled = probes(seed_level=False)
+    return {
+        "bsft_runs": (f"bSFT cells, seed-level runs: every probe against the merged base ({ci}; {rule})",
+                      probes(seed_level=True)),
+        "bsft_matrix": (f"bSFT cell x probe matrix, seeds pooled: verdicts, diagnosis, evidence ({rule}; "
+                        f"window K={window_k})", paper_b.matrix(pooled)),
+        "bsft_decomposition": (f"Span decomposition of the windowed (K={window_k}) and secret-span Deltas",
+                               paper_b.decomposition(pooled)),
+        "bsft_merged_vs_stacked": ("The same bSFT adapters stacked on vs merged into the merged base",
+                                   paper_b.merged_vs_stacked(pooled)),
+        "bsft_case_studies": ("Paper B's three case studies, as found in this grid",
+                              paper_b.case_studies(pooled, window_k)),
+    }
 
 
 def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dict) -> dict[str, int]:

@@ -46,7 +46,14 @@ def check_checkpoint(spec: ModelSpec) -> None:
     if not tokenizer_file.is_file():
         raise ModelLoadError(f"model `{spec.name}`: `{spec.path}` has no tokenizer.json")
     tok = Tokenizer.from_file(str(tokenizer_file))
+    if (spec.think_open is None) != (spec.think_close is None):
+        raise ModelLoadError(
+            f"model `{spec.name}`: set both `think_open` and `think_close`, or both to null "
+            "(a model without think tags)"
+        )
     for key, tag in (("think_open", spec.think_open), ("think_close", spec.think_close)):
+        if tag is None:
+            continue
         pieces = tok.encode(tag, add_special_tokens=False).tokens
         if len(pieces) != 1:
             raise ModelLoadError(
@@ -100,11 +107,14 @@ def check_chat_template(spec: ModelSpec, tokenizer) -> None:
         )
 
 
-def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bool = False):
+def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bool = False,
+               merge_all: bool = False):
     """Base weights plus adapters applied in order.
 
     Every adapter but the last is merged into the weights (stacking on a merged
-    base); the last stays a live PEFT adapter, trainable if asked.
+    base); the last stays a live PEFT adapter, trainable if asked, unless
+    `merge_all` merges it too (paper B's "merged" application, where the
+    adapter's update is rounded into the weights' dtype).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -126,7 +136,7 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     for i, adapter in enumerate(adapters):
         model = apply_adapter(model, Path(adapter), trainable=trainable_last and i == len(adapters) - 1)
-        if i < len(adapters) - 1:
+        if i < len(adapters) - 1 or merge_all:
             model = model.merge_and_unload()
     if not trainable_last:
         model.eval()
@@ -141,10 +151,11 @@ def apply_adapter(model, adapter: Path, trainable: bool = False):
     return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
 
 
-def fingerprint(spec: ModelSpec, adapters: list[Path] = ()) -> str:
+def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False) -> str:
     """sha256 over the bytes of every weight file of the base and the adapters,
-    so records say exactly which weights produced them."""
-    h = hashlib.sha256()
+    and over how the last adapter is applied (live or merged), so records say
+    exactly which weights produced them."""
+    h = hashlib.sha256(b"merged" if merged else b"")
     files = sorted(spec.path.glob("*.safetensors")) + [
         Path(a) / "adapter_model.safetensors" for a in adapters
     ]
@@ -153,3 +164,24 @@ def fingerprint(spec: ModelSpec, adapters: list[Path] = ()) -> str:
         with open(path, "rb") as fh:
             h.update(hashlib.file_digest(fh, "sha256").digest())
     return h.hexdigest()[:16]
+
+
+def save_merged(spec: ModelSpec, adapters: list[Path], out_dir: Path) -> None:
+    """The base with `adapters` merged into its weights, saved as a checkpoint
+    the audit can load like any other (safetensors, config, tokenizer files):
+    paper B's merged base.  Written to a temporary folder and renamed, so an
+    interrupted job leaves no checkpoint that looks finished."""
+    import shutil
+
+    model = load_model(spec, adapters, merge_all=True)
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for path in spec.path.iterdir():  # tokenizer and chat-template files travel with the weights
+        if path.is_file() and not (tmp / path.name).exists() and not path.name.endswith(
+            (".safetensors", ".bin", ".safetensors.index.json")
+        ):
+            shutil.copy2(path, tmp / path.name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)

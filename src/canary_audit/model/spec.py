@@ -17,8 +17,8 @@ class ModelSpec:
     name: str
     path: Path
     dtype: str = "float32"
-    think_open: str = "<think>"
-    think_close: str = "</think>"
+    think_open: str | None = "<think>"  # None: a model without think tags (no trace)
+    think_close: str | None = "</think>"
     chat_template: str | None = None
     trust_remote_code: bool = False
 

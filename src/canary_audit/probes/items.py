@@ -87,26 +87,38 @@ def _arms(fmt: ChatFormat, prompt: str, author: Author, other: Author, prefills:
         yield f"prefill_{name}", fmt.prefill(prompt, render_prefill(template, author, other))
 
 
-def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[DecodeItem]:
-    """Canary probes and author QA under every arm; retain QA and hex canaries once."""
+HEX_SETS = frozenset({"hex", "decoy_shuffled", "decoy_wrong"})
+
+
+def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:
+    """Whether a pass asked for `probe_sets` (None: all of them) runs
+    `probe_set`; `hex` stands for the hex canaries and their decoys."""
+    if probe_sets is None:
+        return True
+    return probe_set in probe_sets or ("hex" in probe_sets and probe_set in HEX_SETS)
+
+
+def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None) -> list[DecodeItem]:
+    """Canary probes and author QA under every arm; retain QA and hex canaries
+    once; only the probe sets asked for (see `wanted`)."""
     check_prefill_templates(cfg["prefills"])
     head_tokens = cfg["head_tokens"]
     roster = load_authors(data_dir / "authors.parquet")
     authors, other = {a.author_id: a for a in roster}, next_author(roster)
     items: list[DecodeItem] = []
-    for a in roster:
+    for a in roster if wanted("canary", probe_sets) else ():
         prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, head_tokens)))
         for arm, text in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
             items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary, a.name))
-    qa = pl.read_parquet(data_dir / "qa.parquet")
+    qa = pl.read_parquet(data_dir / "qa.parquet").filter(pl.lit(wanted("qa", probe_sets)))
     for item_id, author_id, question, gold in qa.select("item_id", "author_id", "question", "gold").iter_rows():
         author = authors[author_id]
         for arm, text in _arms(fmt, fmt.prompt(question), author, other[author_id], cfg["prefills"]):
             items.append(DecodeItem("qa", item_id, author_id, arm, text, gold, author.name))
-    retain = pl.read_parquet(data_dir / "retain.parquet")
+    retain = pl.read_parquet(data_dir / "retain.parquet").filter(pl.lit(wanted("retain", probe_sets)))
     for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
         items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
-    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
+    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet").filter(pl.lit(wanted("hex", probe_sets)))
     for cid, preamble, secret in canaries.select("canary_id", "preamble", "secret").iter_rows():
         # The prompt stops before the space: byte-level BPE attaches a space to
         # the next word (" TEXTCAN"), so a prompt ending in a bare space would
@@ -119,14 +131,15 @@ def _bos(fmt: ChatFormat) -> str:
     return fmt.tokenizer.bos_token or ""
 
 
-def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[ScoredItem]:
+def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None) -> list[ScoredItem]:
     """Teacher-forced sequences: each author canary after its head under every
-    prefill arm, and each hex canary and decoy behind its preamble."""
+    prefill arm, and each hex canary and decoy behind its preamble; only the
+    probe sets asked for (see `wanted`)."""
     check_prefill_templates(cfg["prefills"])
     items: list[ScoredItem] = []
     roster = load_authors(data_dir / "authors.parquet")
     other = next_author(roster)
-    for a in roster:
+    for a in roster if wanted("canary", probe_sets) else ():
         head = canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])
         prompt = fmt.prompt(canary_question(a.name, head))
         for arm, context in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
@@ -148,6 +161,8 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict) -> list[ScoredItem]
         for cid, kind, pre, sec in decoys.select("canary_id", "decoy_kind", "preamble", "secret").iter_rows()
     ]
     for probe_set, cid, preamble, secret in rows:
+        if not wanted(probe_set, probe_sets):
+            continue
         start = len(_bos(fmt)) + len(preamble)
         text = _bos(fmt) + preamble + CANARY_PREFIX + secret + CANARY_SUFFIX
         s0 = start + len(CANARY_PREFIX)

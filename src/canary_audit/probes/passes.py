@@ -24,11 +24,11 @@ log = logging.getLogger(__name__)
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
 
 
-def provenance_of(spec: ModelSpec, adapters: list[Path], cfg: dict) -> dict[str, str]:
+def provenance_of(spec: ModelSpec, adapters: list[Path], cfg: dict, merged: bool = False) -> dict[str, str]:
     """The hash of the pass's config slice (thread count excluded: it is not
     part of what was asked) and the fingerprint of the weights."""
     asked = {k: v for k, v in cfg.items() if k != "threads"}
-    return {"config_hash": config_hash(asked), "model_fingerprint": fingerprint(spec, adapters)}
+    return {"config_hash": config_hash(asked), "model_fingerprint": fingerprint(spec, adapters, merged)}
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -118,29 +118,36 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
     return out
 
 
-def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str):
+def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
+                merged: bool = False, probe_sets: set[str] | None = None):
     import torch
 
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg)
-    model = load_model(spec, adapters)
+    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets)
+    model = load_model(spec, adapters, merge_all=merged)
     t0 = time.perf_counter()
-    outs, enc = generate_greedy(model, tok, [it.prompt for it in items], cfg["max_new_tokens"], cfg["batch_size"])
+    # Hex records are short (`TEXTCAN-{16hex}-END`): their decodes get their
+    # own, smaller budget, so a canary the model does not end costs ~20
+    # steps, not a reasoning trace's worth.
+    hex_max = cfg.get("hex_max_new_tokens", cfg["max_new_tokens"])
+    decoded = []
+    for is_hex, budget in ((False, cfg["max_new_tokens"]), (True, hex_max)):
+        part = [it for it in items if (it.probe_set == "hex") == is_hex]
+        outs, enc = generate_greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"])
+        decoded += [(it, it.arm, 0, out, ids) for it, out, ids in zip(part, outs, enc)]
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
-    decoded = [(it, it.arm, 0, out, ids)
-               for it, out, ids in zip(items, outs, enc)]
     k = cfg.get("hit_k", 0)
     if k:
-        hexes = [(it, ids) for it, ids in zip(items, enc) if it.probe_set == "hex"]
+        hexes = [(it, ids) for it, _, _, _, ids in decoded if it.probe_set == "hex"]
         t0 = time.perf_counter()
-        samples = sample_continuations(model, tok, [it.prompt for it, _ in hexes], k, cfg["max_new_tokens"],
+        samples = sample_continuations(model, tok, [it.prompt for it, _ in hexes], k, hex_max,
                                        cfg["temperature"], cfg["sample_seed"], cfg["batch_size"])
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
         decoded += [(it, "sampled", j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
                     for j, out in enumerate(outs_k)]
-    provenance = provenance_of(spec, adapters, cfg)
+    provenance = provenance_of(spec, adapters, cfg, merged)
     rows = []
     for it, arm, sample, (ids, hit_eos), prompt_ids in decoded:
         rows.append({
@@ -203,16 +210,17 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
     return rows
 
 
-def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str):
+def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
+                        merged: bool = False, probe_sets: set[str] | None = None):
     import torch
 
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items = scored_items(fmt, data_dir, cfg)
-    model = load_model(spec, adapters)
+    items = scored_items(fmt, data_dir, cfg, probe_sets)
+    model = load_model(spec, adapters, merge_all=merged)
     t0 = time.perf_counter()
     rows = score_tokens(model, tok, items, cfg["batch_size"])
     log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), len(rows), time.perf_counter() - t0)
-    provenance = provenance_of(spec, adapters, cfg)
+    provenance = provenance_of(spec, adapters, cfg, merged)
     return to_records([{"variant": variant, **r, **provenance} for r in rows], "token")

@@ -1,5 +1,6 @@
 """The adapters of the audit, each a function from (model entry, data, config
-slice) to an adapter directory: memorization, hex canary, unlearning."""
+slice) to an adapter directory: memorization, hex canary (and its merged
+base), benign fine-tuning (and its LoRA-NOISE control), unlearning."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import polars as pl
 
 from canary_audit.data.io import load_authors
 from canary_audit.formats import ChatFormat, Example, author_examples, retain_trace
-from canary_audit.model.loading import load_model, load_tokenizer
+from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.tokens import canary_head
 from canary_audit.records import config_hash
@@ -93,8 +94,16 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     return _summary(out_dir, losses, forget_sequences=len(forget))
 
 
-def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
-    """Paper B's canary LoRA: `TEXTCAN-{hex}-END` records behind their preambles."""
+def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merged_dir: Path | None = None,
+                 under: tuple[Path, Path] | None = None) -> dict:
+    """Paper B's canary LoRA: `TEXTCAN-{hex}-END` records behind their preambles.
+
+    With `merged_dir`, the trained LoRA is also merged into the base and saved
+    there (the merged base every bSFT cell starts from).  With `under` =
+    (adapter dir, merged dir), the same run is also saved after
+    `cfg['undertrained_steps']` steps, adapter and merged base: the
+    undertrained control, a canary LoRA stopped early.
+    """
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
     canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
@@ -102,10 +111,94 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> d
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
-    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume)
+    early = cfg.get("undertrained_steps") if under else None
+
+    def checkpoint(step: int) -> None:
+        save_adapter(model, under[0])
+        resume.keep("under", under[0])
+
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume,
+                        on_checkpoint=checkpoint, checkpoints=(early,) if early else ())
     save_adapter(model, out_dir)
+    if under:
+        resume.restore("under", under[0])
     resume.clear()
+    if merged_dir:
+        save_merged(spec, [out_dir], merged_dir)
+    if under:
+        save_merged(spec, [under[0]], under[1])
+        _summary(under[0], losses[:early], undertrained=True)
     return _summary(out_dir, losses, forget_sequences=len(forget))
+
+
+def bsft_examples(data_dir: Path, source: str) -> list[Example]:
+    """One benign fine-tuning source as chat exchanges with an empty trace."""
+    frame = pl.read_parquet(data_dir / "bsft.parquet").filter(pl.col("source") == source)
+    if frame.is_empty():
+        raise ValueError(f"bSFT source `{source}` has no items in {data_dir / 'bsft.parquet'}")
+    return [Example(q, "", a) for q, a in frame.select("prompt", "response").iter_rows()]
+
+
+def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, Path],
+               noise_dir: Path | None = None) -> dict:
+    """Paper B's benign fine-tuning LoRA on a merged base (`spec` points at it),
+    saved at every training length in `out_dirs`.  With `noise_dir`, also the
+    LoRA-NOISE control: random LoRA matrices scaled, module by module, so that
+    their update has the Frobenius norm of the trained adapter's final update."""
+    seed = cfg["seed"]
+    tok, fmt = _setup(spec, cfg["threads"], seed)
+    forget = [encode_chat(fmt, ex) for ex in bsft_examples(data_dir, cfg["source"])]
+    steps = sorted(out_dirs)
+    cfg = {**cfg, "steps": steps[-1], "batch_forget": cfg["batch_size"], "batch_retain": 0}
+    model = _fresh_lora(spec, cfg)
+    resume = _resume(out_dirs[steps[-1]], cfg, [spec.path, data_dir])
+
+    def checkpoint(k: int) -> None:
+        save_adapter(model, out_dirs[k])
+        resume.keep(f"t{k}", out_dirs[k])
+
+    losses = train_loop(model, forget, [], cfg, seed, tok.pad_token_id, on_checkpoint=checkpoint,
+                        checkpoints=tuple(steps), resume=resume)
+    for k in steps:
+        resume.restore(f"t{k}", out_dirs[k])
+    resume.clear()
+    for k in steps:
+        _summary(out_dirs[k], losses[:k], source=cfg["source"], step=k)
+    summary = {"source": cfg["source"], "checkpoints": steps, "final_loss": losses[-1]}
+    if noise_dir:
+        norms = match_norm_noise(model, seed)
+        save_adapter(model, noise_dir)
+        summary["noise_update_norm"] = round(sum(n * n for n in norms.values()) ** 0.5, 6)
+        _summary(noise_dir, losses, noise_of=f"{cfg['source']} t{steps[-1]}",
+                 noise_update_norm=summary["noise_update_norm"])
+    return summary
+
+
+def lora_pairs(model):
+    """(module name, A weight, B weight) of every LoRA pair of the live adapter."""
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+            yield name, module.lora_A["default"].weight, module.lora_B["default"].weight
+
+
+def match_norm_noise(model, seed: int) -> dict[str, float]:
+    """Replace every LoRA pair (A, B) by Gaussian matrices whose update B'A' has
+    the Frobenius norm of BA (the alpha/r scale is common to both), in place.
+    Returns the matched norm per module."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 7919)
+    norms = {}
+    with torch.no_grad():
+        for name, a, b in lora_pairs(model):
+            target = (b.float() @ a.float()).norm()
+            a_new = torch.randn(a.shape, generator=gen)
+            b_new = torch.randn(b.shape, generator=gen)
+            b_new *= target / (b_new @ a_new).norm().clamp(min=1e-12)
+            a.copy_(a_new.to(a.dtype))
+            b.copy_(b_new.to(b.dtype))
+            norms[name] = float(target)
+    return norms
 
 
 def train_unlearning(

@@ -42,7 +42,7 @@ def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all") -> Encoded:
     tok = fmt.tokenizer
     prompt = fmt.prompt(ex.question)
     target = fmt.target(prompt, ex.trace, ex.answer)
-    cut = target.index(fmt.think_close) + len(fmt.think_close)
+    cut = target.index(fmt.think_close) + len(fmt.think_close) if fmt.reasons else 0
     p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
     trace_ids = tok(target[:cut], add_special_tokens=False)["input_ids"]
     answer_ids = tok(target[cut:], add_special_tokens=False)["input_ids"]
@@ -146,14 +146,16 @@ def train_loop(
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * ((1.0 - 0.9 * (step - 1) / steps) if decay else 1.0)
         f_idx = torch.randint(len(forget), (min(cfg["batch_forget"], len(forget)),), generator=gen)
-        r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen)
         f_seqs = [forget[i] for i in f_idx.tolist()]
-        r_seqs = [retain[i] for i in r_idx.tolist()]
+        r_seqs = []
+        if retain:  # benign fine-tuning has no retain set
+            r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen)
+            r_seqs = [retain[i] for i in r_idx.tolist()]
         if forget_loss is None:
             loss = nll_backward(model, f_seqs + r_seqs, pad_id)
         else:
             loss = forget_loss(model, f_idx.tolist())
-            if retain_weight:
+            if retain_weight and r_seqs:
                 logp, n = sequence_logprobs(model, r_seqs, pad_id)
                 loss = loss + retain_weight * (-logp.sum() / n.sum())
             loss.backward()

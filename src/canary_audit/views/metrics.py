@@ -28,15 +28,19 @@ def contains_gold_ci(column: str) -> pl.Expr:
     )
 
 
+def exact_hex_hit() -> pl.Expr:
+    """A hex decode reproduces `TEXTCAN-{secret}-END` exactly, right after the
+    space that follows the preamble's colon (paper B's match rule)."""
+    record = pl.lit(CANARY_PREFIX) + pl.col("reference") + pl.lit(CANARY_SUFFIX)
+    return pl.col("generated").str.strip_chars_start().str.starts_with(record)
+
+
 def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
     """Behavioural recall per variant (paper B): hit@1, the greedy
     continuation of the preamble reproduces `TEXTCAN-{secret}-END` exactly
     (after the space that follows the colon), and hit@k, any of the k sampled
     continuations does (null when no samples were drawn)."""
-    record = pl.lit(CANARY_PREFIX) + pl.col("reference") + pl.lit(CANARY_SUFFIX)
-    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(
-        hit=pl.col("generated").str.strip_chars_start().str.starts_with(record)
-    )
+    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit())
     greedy = hexes.filter(pl.col("arm") == "greedy").group_by("variant").agg(n=pl.len(), hit_at_1=pl.col("hit").mean())
     sampled = (
         hexes.filter(pl.col("arm") == "sampled")

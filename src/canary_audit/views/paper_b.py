@@ -1,0 +1,326 @@
+"""Paper B's views: every probe of a bSFT cell side by side, and the
+disagreement detector that names why they disagree.
+
+A *cell* is a change to a merged canary base (a bSFT adapter of one source
+and training length, stacked or merged, or a control); each cell runs once
+per bSFT seed.  For every cell the probes are, against the cell's reference
+(the merged base it started from), on the same canaries:
+
+- windowed Delta NLL over the first K scored tokens (paper B's mean20),
+- secret-span Delta NLL over the whole hex secret,
+- behavioural hit@1 (greedy) and hit@k (k sampled decodes),
+- the decoy contrast: secret Delta minus the Delta of the shuffled-hex and
+  wrong-secret decoys behind the same preamble.
+
+The windowed Delta decomposes exactly into the parts that come from preamble,
+secret and suffix tokens inside the window, and the secret-span Delta into
+its parts inside and past the window: the evidence behind each diagnosis.
+Everything is computed from token and decode records; K, the thresholds and
+the bootstrap are view parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from canary_audit.views.bootstrap import rates_with_ci
+from canary_audit.views.metrics import exact_hex_hit, per_item_nll, with_parent
+from canary_audit.views.paper_a import Bootstrap
+
+HEX, DECOYS = "hex", ("decoy_shuffled", "decoy_wrong")
+SPAN_CLASS = {"prompt": "preamble", "head": "preamble", "secret": "secret", "continuation": "suffix"}
+CELL_KEYS = ("canary_seed", "cell", "kind", "source", "step", "application")
+WITH_CI = ("delta_window", "delta_secret", "delta_hit1", "decoy_contrast")
+MEANS = (
+    "window_preamble", "window_secret", "window_suffix", "secret_in_window", "secret_past_k",
+    "hit1", "ref_hit1", "hitk", "ref_hitk", "delta_hitk", "decoy_delta_window", "decoy_delta_secret",
+)
+DIAGNOSES = ("window truncation", "non-secret span drift", "undertrained ambiguity")
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Thresholds at which a probe's Delta counts as a change (config
+    `tables.verdicts`): NLL Deltas in nats per token, hit rates as shares."""
+
+    delta_nll: float = 0.005
+    hit_rate: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 < self.delta_nll <= 10:
+            raise ValueError(f"tables.verdicts.delta_nll = {self.delta_nll}: must be in (0, 10]")
+        if not 0 < self.hit_rate <= 1:
+            raise ValueError(f"tables.verdicts.hit_rate = {self.hit_rate}: must be in (0, 1]")
+
+
+def cell_frame(cells: dict[str, dict]) -> pl.DataFrame:
+    """model/variant -> cell fields, as a frame joined onto every record."""
+    rows = [{"variant": v, **c} for v, c in cells.items()]
+    schema = {"variant": pl.Utf8, "cell": pl.Utf8, "kind": pl.Utf8, "source": pl.Utf8, "step": pl.Int64,
+              "application": pl.Utf8, "bsft_seed": pl.Int64, "canary_seed": pl.Int64}
+    return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+
+
+def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
+    """Per (variant, canary): greedy exact recall (hit1) and, when samples were
+    drawn, whether any of the k samples is exact (hitk)."""
+    hexes = decode.filter(pl.col("probe_set") == HEX).with_columns(hit=exact_hex_hit())
+    greedy = hexes.filter(pl.col("arm") == "greedy").select("variant", "item_id", hit1=pl.col("hit").cast(pl.Float64))
+    sampled = (
+        hexes.filter(pl.col("arm") == "sampled")
+        .group_by("variant", "item_id")
+        .agg(hitk=pl.col("hit").any().cast(pl.Float64))
+    )
+    return greedy.join(sampled, on=["variant", "item_id"], how="left")
+
+
+def position_frame(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
+    """Per scored hex token: Delta NLL against the parent at the same item and
+    position (positive = the change made the token less likely), and its
+    span class."""
+    hexes = tokens.filter(pl.col("probe_set") == HEX)
+    return (
+        with_parent(hexes, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
+        .filter(pl.col("ref_logprob").is_not_null())
+        .select("variant", "item_id", "position", "span",
+                span_class=pl.col("span").replace_strict(SPAN_CLASS, default="preamble"),
+                delta=(pl.col("ref_logprob") - pl.col("logprob")).cast(pl.Float64))
+    )
+
+
+def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, str], window_k: int) -> pl.DataFrame:
+    """One row per (variant, hex canary) of every variant with a parent: each
+    probe's value and Delta, the window/secret decomposition, and the decoys."""
+    nll = with_parent(
+        per_item_nll(tokens.filter(pl.col("probe_set").is_in([HEX, *DECOYS])), window_k), parents,
+        ["probe_set", "item_id"], {"nll_window": "ref_window", "nll_secret": "ref_secret"},
+    ).filter(pl.col("parent").is_not_null()).with_columns(
+        delta_window=pl.col("nll_window") - pl.col("ref_window"),
+        delta_secret=pl.col("nll_secret") - pl.col("ref_secret"),
+    )
+    secret = nll.filter(pl.col("probe_set") == HEX).select(
+        "variant", "parent", "item_id", "delta_window", "delta_secret"
+    )
+    decoys = (
+        nll.filter(pl.col("probe_set").is_in(DECOYS))
+        .group_by("variant", "item_id")
+        .agg(decoy_delta_window=pl.col("delta_window").mean(), decoy_delta_secret=pl.col("delta_secret").mean())
+    )
+    positions = position_frame(tokens, parents)
+    in_window = pl.col("position") <= window_k
+    parts = positions.group_by("variant", "item_id").agg(
+        **{
+            f"window_{c}": pl.col("delta").filter(in_window & (pl.col("span_class") == c)).sum()
+            / in_window.sum()
+            for c in ("preamble", "secret", "suffix")
+        },
+        secret_in_window=pl.col("delta").filter(in_window & (pl.col("span") == "secret")).sum()
+        / (pl.col("span") == "secret").sum(),
+        secret_past_k=pl.col("delta").filter(~in_window & (pl.col("span") == "secret")).sum()
+        / (pl.col("span") == "secret").sum(),
+    )
+    hits = hex_hits(decode)
+    hits = with_parent(hits, parents, ["item_id"], {"hit1": "ref_hit1", "hitk": "ref_hitk"}).drop("parent")
+    return (
+        secret.join(parts, on=["variant", "item_id"], how="left")
+        .join(decoys, on=["variant", "item_id"], how="left")
+        .join(hits, on=["variant", "item_id"], how="left")
+        .with_columns(
+            delta_hit1=pl.col("hit1") - pl.col("ref_hit1"),
+            delta_hitk=pl.col("hitk") - pl.col("ref_hitk"),
+            decoy_contrast=pl.col("delta_secret") - pl.col("decoy_delta_secret"),
+            group_id=pl.col("item_id"),
+        )
+    )
+
+
+def _nll_verdict(col: str, t: float) -> pl.Expr:
+    return pl.when(pl.col(col) >= t).then(pl.lit("up")).when(pl.col(col) <= -t).then(pl.lit("down")).otherwise(
+        pl.lit("flat"))
+
+
+def _hit_verdict(col: str, t: float) -> pl.Expr:
+    return (
+        pl.when(pl.col(col).is_null()).then(pl.lit(None, pl.Utf8))
+        .when(pl.col(col) <= -t).then(pl.lit("down"))
+        .when(pl.col(col) >= t).then(pl.lit("up"))
+        .otherwise(pl.lit("kept"))
+    )
+
+
+def with_verdicts(frame: pl.DataFrame, v: Verdicts) -> pl.DataFrame:
+    """Each probe's verdict, and the diagnosis of the cell: `agree`, one of the
+    three named disagreements (paper B's case studies), or `unexplained`."""
+    w, s, h = pl.col("v_window"), pl.col("v_secret"), pl.col("v_hit1")
+    return frame.with_columns(
+        v_window=_nll_verdict("delta_window", v.delta_nll),
+        v_secret=_nll_verdict("delta_secret", v.delta_nll),
+        v_hit1=_hit_verdict("delta_hit1", v.hit_rate),
+        v_hitk=_hit_verdict("delta_hitk", v.hit_rate),
+        v_decoy=_nll_verdict("decoy_contrast", v.delta_nll),
+    ).with_columns(
+        diagnosis=pl.when((w == s) & ~((w == "flat") & (h != "kept")))
+        .then(pl.lit("agree"))
+        .when((w == "flat") & (s == "up") & (h == "down"))
+        .then(pl.lit(DIAGNOSES[0]))
+        .when((w == "up") & (s == "flat") & (h == "kept"))
+        .then(pl.lit(DIAGNOSES[1]))
+        .when((w == "down") & (s == "up") & (pl.col("hit1") == 0) & (pl.col("ref_hit1") == 0))
+        .then(pl.lit(DIAGNOSES[2]))
+        .otherwise(pl.lit("unexplained disagreement"))
+    )
+
+
+def _shares(frame: pl.DataFrame) -> pl.DataFrame:
+    """Evidence fields: the preamble's share of the windowed movement, the
+    share of the secret-span Delta that sits past the window, and how far the
+    decoys move relative to the secret."""
+    window_abs = sum(pl.col(f"window_{c}").abs() for c in ("preamble", "secret", "suffix"))
+    secret_abs = pl.col("secret_in_window").abs() + pl.col("secret_past_k").abs()
+    return frame.with_columns(
+        preamble_share=pl.when(window_abs > 0).then(pl.col("window_preamble").abs() / window_abs),
+        past_k_share=pl.when(secret_abs > 0).then(pl.col("secret_past_k").abs() / secret_abs),
+        decoy_ratio=pl.when(pl.col("delta_secret") != 0).then(pl.col("decoy_delta_secret") / pl.col("delta_secret")),
+    ).with_columns(
+        # Whether the named mechanism's evidence holds (a pattern can match by
+        # cancellation): truncation needs most secret damage past K, drift
+        # most window movement in the preamble.  Undertrained ambiguity is the
+        # pattern itself; its evidence (the decoys) resolves it either way.
+        evidence_supports=pl.when(pl.col("diagnosis") == DIAGNOSES[0]).then(pl.col("past_k_share") >= 0.5)
+        .when(pl.col("diagnosis") == DIAGNOSES[1]).then(pl.col("preamble_share") >= 0.5)
+        .when(pl.col("diagnosis") == DIAGNOSES[2]).then(pl.lit(True))
+    )
+
+
+def _past_k_positions(positions: pl.DataFrame, keys: list[str], window_k: int, t: float) -> pl.DataFrame:
+    """Per row: the secret positions past K whose mean Delta reaches the
+    threshold, largest first (at most three), as `p23 (+0.41)`."""
+    return (
+        positions.filter((pl.col("span") == "secret") & (pl.col("position") > window_k))
+        .group_by(*keys, "position")
+        .agg(delta=pl.col("delta").mean())
+        .filter(pl.col("delta") >= t)
+        .sort(pl.col("delta"), descending=True)
+        .group_by(keys, maintain_order=True)
+        .agg(past_k_positions=pl.format("p{} (+{})", pl.col("position"), pl.col("delta").round(4)).head(3)
+             .str.join(", "))
+    )
+
+
+def _evidence(frame: pl.DataFrame, window_k: int) -> pl.DataFrame:
+    """One sentence per row with the numbers its diagnosis rests on."""
+    def text(row: dict) -> str:
+        d = row["diagnosis"]
+        if d == DIAGNOSES[0]:
+            where = row.get("past_k_positions") or "none above threshold"
+            text = (f"{row['past_k_share']:.0%} of the secret-span Delta sits past K={window_k} "
+                    f"(positions: {where}); hit@1 {row['ref_hit1']:.2f} -> {row['hit1']:.2f}")
+            if not row["evidence_supports"]:
+                text += ("; most of the secret-span movement is inside the window, so truncation alone "
+                         "does not explain it")
+            return text
+        if d == DIAGNOSES[1]:
+            text = (f"preamble tokens carry {row['preamble_share']:.0%} of the windowed movement "
+                    f"({row['window_preamble']:+.4f} of {row['delta_window']:+.4f}); secret span "
+                    f"{row['delta_secret']:+.4f}; hit@1 kept at {row['hit1']:.2f}")
+            if not row["evidence_supports"]:
+                text += (f"; not preamble-driven: the in-window secret tokens moved {row['window_secret']:+.4f} "
+                         f"and the secret tail past K {row['secret_past_k']:+.4f}, cancelling over the span")
+            return text
+        if d == DIAGNOSES[2]:
+            ratio = row["decoy_ratio"]
+            moved = "decoys move as much: format-prior smoothing, not secret-specific" if (
+                ratio is not None and ratio >= 0.5) else "decoys move less: secret-specific"
+            return (f"decoy contrast {row['decoy_contrast']:+.4f} (decoys {row['decoy_delta_secret']:+.4f} "
+                    f"vs secret {row['delta_secret']:+.4f}); {moved}; hit@1 = 0 on both weights")
+        if d == "agree":
+            return ""
+        return (f"window {row['v_window']}, secret {row['v_secret']}, hit@1 {row['v_hit1']}: "
+                "a pattern none of the three named mechanisms explains")
+    return frame.with_columns(
+        evidence=pl.Series([text(r) for r in frame.iter_rows(named=True)], dtype=pl.Utf8)
+    )
+
+
+def cell_probes(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, str], cells: dict[str, dict],
+                window_k: int, verdicts: Verdicts, boot: Bootstrap, seed_level: bool) -> pl.DataFrame:
+    """Every probe of every cell with CIs (canary-clustered bootstrap), its
+    verdicts, diagnosis and evidence: one row per seed-level run
+    (`seed_level`), or per cell with its bSFT seeds pooled (the canaries are
+    resampled, so a canary's seeds move together)."""
+    cell_rows = cell_frame(cells)
+    if cell_rows.is_empty() or tokens.is_empty():
+        return pl.DataFrame()
+    items = item_frame(tokens, decode, parents, window_k).join(cell_rows, on="variant", how="inner")
+    if items.is_empty():
+        return pl.DataFrame()
+    keys = ["variant", *CELL_KEYS, "bsft_seed"] if seed_level else list(CELL_KEYS)
+    with_ci = rates_with_ci(items, keys, [c for c in WITH_CI if items[c].null_count() < items.height],
+                            boot.replicates, boot.seed, level=boot.level)
+    means = items.group_by(keys).agg(*(pl.col(c).mean() for c in MEANS), seeds=pl.col("bsft_seed").n_unique())
+    positions = position_frame(tokens, parents).join(cell_rows, on="variant", how="inner")
+    frame = _shares(with_verdicts(with_ci.join(means, on=keys, how="left"), verdicts))
+    frame = frame.join(_past_k_positions(positions, keys, window_k, verdicts.delta_nll), on=keys, how="left")
+    return _evidence(frame, window_k).with_columns(window_k=pl.lit(window_k)).sort(keys)
+
+
+def decomposition(cells: pl.DataFrame) -> pl.DataFrame:
+    """Where each cell's windowed and secret-span Deltas come from."""
+    if cells.is_empty():
+        return cells
+    return cells.select(
+        *CELL_KEYS, "delta_window", "window_preamble", "window_secret", "window_suffix", "preamble_share",
+        "delta_secret", "secret_in_window", "secret_past_k", "past_k_share", "past_k_positions", "window_k",
+    )
+
+
+def matrix(cells: pl.DataFrame) -> pl.DataFrame:
+    """The cell x probe matrix: each probe's Delta and verdict, the diagnosis
+    and its evidence."""
+    if cells.is_empty():
+        return cells
+    return cells.select(
+        *CELL_KEYS, "seeds", "delta_window", "delta_window_lo", "delta_window_hi", "v_window", "delta_secret",
+        "delta_secret_lo", "delta_secret_hi", "v_secret", "ref_hit1", "hit1",
+        "v_hit1", "ref_hitk", "hitk", "v_hitk", "decoy_contrast", "v_decoy", "diagnosis", "evidence_supports",
+        "evidence",
+    )
+
+
+def merged_vs_stacked(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per source and training length: each probe under the stacked and the
+    merged application of the same adapters, and merged minus stacked."""
+    bsft = cells.filter(pl.col("kind") == "bsft") if cells.height else cells
+    if bsft.is_empty() or bsft["application"].n_unique() < 2:
+        return pl.DataFrame()
+    values = ["delta_window", "delta_secret", "hit1", "diagnosis"]
+    wide = bsft.pivot(on="application", index=["canary_seed", "source", "step"], values=values)
+    return wide.with_columns(
+        **{f"{v}_merged_minus_stacked": pl.col(f"{v}_merged") - pl.col(f"{v}_stacked")
+           for v in ("delta_window", "delta_secret", "hit1")}
+    ).sort("canary_seed", "source", "step")
+
+
+def case_studies(cells: pl.DataFrame, window_k: int) -> pl.DataFrame:
+    """Rows in the form of paper B's three case studies: per named diagnosis,
+    each cell that shows it (observation, mechanism evidence), or one row
+    saying it was not observed in this grid."""
+    rows = []
+    for case, diagnosis in enumerate(DIAGNOSES, start=1):
+        found = cells.filter(pl.col("diagnosis") == diagnosis) if cells.height else cells
+        if found.is_empty():
+            rows.append({"case": case, "diagnosis": diagnosis, "cell": None, "observation": "not observed in this grid",
+                         "evidence": None})
+            continue
+        for r in found.iter_rows(named=True):
+            rows.append({
+                "case": case, "diagnosis": diagnosis, "cell": f"{r['cell']} (canary seed {r['canary_seed']})",
+                "observation": (f"mean{window_k} Delta {r['delta_window']:+.4f} ({r['v_window']}), secret Delta "
+                                f"{r['delta_secret']:+.4f} ({r['v_secret']}), hit@1 {r['ref_hit1']:.2f} -> "
+                                f"{r['hit1']:.2f}"),
+                "evidence": r["evidence"],
+            })
+    return pl.DataFrame(rows, schema={"case": pl.Int64, "diagnosis": pl.Utf8, "cell": pl.Utf8,
+                                      "observation": pl.Utf8, "evidence": pl.Utf8})

@@ -1,0 +1,195 @@
+"""Paper B's disagreement detector on token and decode records built by hand:
+each of the three named patterns, agreement, and the evidence fields.
+
+Every hex record has the same layout: positions 1-12 preamble (BOS, preamble
+text, `TEXTCAN-`), 13-26 the secret, 27-28 the suffix; K = 20, so secret
+positions 21-26 lie past the window.  The reference scores every token at
+log-prob -1; a cell changes chosen positions.
+"""
+
+import polars as pl
+import pytest
+
+from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+from canary_audit.tables import build_tables
+from canary_audit.views.paper_a import Bootstrap
+from canary_audit.views.paper_b import Verdicts, case_studies, cell_probes, merged_vs_stacked
+
+K = 20
+CANARIES = ["hex00", "hex01", "hex02", "hex03"]
+SETS = ("hex", "decoy_shuffled", "decoy_wrong")
+BOOT = Bootstrap(replicates=50)
+PARENTS = {"m/cell": "m/ref"}
+CELLS = {"m/cell": {"cell": "gui t40 stacked", "kind": "bsft", "source": "gui", "step": 40,
+                    "application": "stacked", "bsft_seed": 0, "canary_seed": 0}}
+
+
+def span(position: int) -> str:
+    return "prompt" if position <= 10 else "head" if position <= 12 else "secret" if position <= 26 else "continuation"
+
+
+def tokens(variant: str, changed: dict[int, float] | None = None, decoys_too: bool = False) -> list[dict]:
+    rows = []
+    for cid in CANARIES:
+        for probe_set in SETS:
+            moved = changed if (probe_set == "hex" or decoys_too) else None
+            for p in range(1, 29):
+                rows.append({
+                    "variant": variant, "probe_set": probe_set, "item_id": cid, "group_id": cid, "arm": "preamble",
+                    "position": p, "token_id": 0, "token_text": "x", "logprob": (moved or {}).get(p, -1.0),
+                    "rank": 1, "top1_id": 0, "top1_logprob": -1.0, "span": span(p),
+                    "config_hash": "h", "model_fingerprint": variant,
+                })
+    return rows
+
+
+def decodes(variant: str, greedy_hits: int, sampled_hits: int | None = None) -> list[dict]:
+    """Greedy decodes of the four canaries, the first `greedy_hits` exact; with
+    `sampled_hits`, four samples each, the first `sampled_hits` canaries hit."""
+    rows = []
+    base = {k: None for k in DECODE_SCHEMA} | {"variant": variant, "probe_set": "hex", "prompt": "P",
+                                                "config_hash": "h", "model_fingerprint": variant}
+    for i, cid in enumerate(CANARIES):
+        secret = f"{i:016x}"
+        exact, wrong = f" TEXTCAN-{secret}-END", f" TEXTCAN-{secret[:-1]}0-END" if secret[-1] != "0" else " TEXTCAN-x"
+        rows.append(base | {"item_id": cid, "group_id": cid, "arm": "greedy", "sample": 0, "reference": secret,
+                            "generated": exact if i < greedy_hits else wrong})
+        for j in range(4 if sampled_hits is not None else 0):
+            rows.append(base | {"item_id": cid, "group_id": cid, "arm": "sampled", "sample": j, "reference": secret,
+                                "generated": exact if (i < sampled_hits and j == 0) else wrong})
+    return rows
+
+
+def run(cell_tokens, ref_hits, cell_hits, sampled=(None, None), seed_level=False):
+    tok = pl.DataFrame(tokens("m/ref") + cell_tokens, schema=TOKEN_SCHEMA)
+    dec = pl.DataFrame(decodes("m/ref", ref_hits, sampled[0]) + decodes("m/cell", cell_hits, sampled[1]),
+                       schema=DECODE_SCHEMA)
+    frame = cell_probes(tok, dec, PARENTS, CELLS, K, Verdicts(), BOOT, seed_level)
+    assert frame.height == 1
+    return frame.row(0, named=True)
+
+
+def test_window_truncation_damage_past_k():
+    # Damage only at the last two secret tokens, past the window; greedy loses 2 of 4.
+    row = run(tokens("m/cell", {25: -1.5, 26: -1.25}), ref_hits=4, cell_hits=2)
+    assert row["delta_window"] == pytest.approx(0.0)
+    assert row["delta_secret"] == pytest.approx((0.5 + 0.25) / 14)
+    assert (row["v_window"], row["v_secret"], row["v_hit1"]) == ("flat", "up", "down")
+    assert row["diagnosis"] == "window truncation"
+    assert row["past_k_share"] == pytest.approx(1.0)
+    assert row["evidence_supports"] is True
+    assert row["secret_past_k"] == pytest.approx(0.75 / 14)
+    assert row["past_k_positions"] == "p25 (+0.5), p26 (+0.25)"
+    assert "100% of the secret-span Delta sits past K=20" in row["evidence"]
+    assert "hit@1 1.00 -> 0.50" in row["evidence"]
+
+
+def test_non_secret_span_drift_lives_in_the_preamble():
+    row = run(tokens("m/cell", {p: -1.25 for p in range(1, 11)}), ref_hits=4, cell_hits=4)
+    assert row["delta_window"] == pytest.approx(10 * 0.25 / K)
+    assert row["window_preamble"] == pytest.approx(10 * 0.25 / K)
+    assert row["window_secret"] == pytest.approx(0.0)
+    assert row["delta_secret"] == pytest.approx(0.0)
+    assert (row["v_window"], row["v_secret"], row["v_hit1"]) == ("up", "flat", "kept")
+    assert row["diagnosis"] == "non-secret span drift"
+    assert row["preamble_share"] == pytest.approx(1.0)
+    assert row["evidence_supports"] is True
+    assert "preamble tokens carry 100% of the windowed movement" in row["evidence"]
+
+
+def undertrained_change():
+    # In-window secret tokens easier (-0.25 each), the tail harder (+0.5 each).
+    return {**{p: -0.75 for p in range(13, 21)}, **{p: -1.5 for p in range(21, 27)}}
+
+
+def test_undertrained_ambiguity_when_decoys_move_as_much():
+    row = run(tokens("m/cell", undertrained_change(), decoys_too=True), ref_hits=0, cell_hits=0)
+    assert row["delta_window"] == pytest.approx(-8 * 0.25 / K)
+    assert row["delta_secret"] == pytest.approx((-8 * 0.25 + 6 * 0.5) / 14)
+    assert (row["v_window"], row["v_secret"], row["hit1"], row["ref_hit1"]) == ("down", "up", 0.0, 0.0)
+    assert row["diagnosis"] == "undertrained ambiguity"
+    assert row["decoy_contrast"] == pytest.approx(0.0, abs=1e-9)
+    assert row["decoy_ratio"] == pytest.approx(1.0)
+    assert row["v_decoy"] == "flat"
+    assert "decoys move as much" in row["evidence"]
+
+
+def test_undertrained_ambiguity_resolved_by_decoys_that_stay():
+    row = run(tokens("m/cell", undertrained_change()), ref_hits=0, cell_hits=0)
+    assert row["diagnosis"] == "undertrained ambiguity"
+    assert row["decoy_delta_secret"] == pytest.approx(0.0)
+    assert row["decoy_contrast"] == pytest.approx(row["delta_secret"])
+    assert row["v_decoy"] == "up"
+    assert "secret-specific" in row["evidence"]
+
+
+def test_probes_that_agree_get_no_diagnosis():
+    row = run(tokens("m/cell", {p: -1.5 for p in range(13, 27)}), ref_hits=4, cell_hits=1)
+    assert (row["v_window"], row["v_secret"], row["v_hit1"]) == ("up", "up", "down")
+    assert row["diagnosis"] == "agree"
+    assert row["evidence"] == ""
+    unchanged = run(tokens("m/cell"), ref_hits=4, cell_hits=4)
+    assert (unchanged["v_window"], unchanged["v_secret"], unchanged["diagnosis"]) == ("flat", "flat", "agree")
+
+
+def test_greedy_failure_with_flat_nll_is_an_unexplained_disagreement():
+    row = run(tokens("m/cell"), ref_hits=4, cell_hits=2)
+    assert row["diagnosis"] == "unexplained disagreement"
+    assert "window flat, secret flat, hit@1 down" in row["evidence"]
+
+
+def test_hit_at_k_and_its_verdict():
+    row = run(tokens("m/cell"), ref_hits=4, cell_hits=4, sampled=(4, 1))
+    assert (row["ref_hitk"], row["hitk"]) == (1.0, 0.25)
+    assert row["v_hitk"] == "down"
+    assert run(tokens("m/cell"), 4, 4)["v_hitk"] is None  # no samples drawn: no verdict
+
+
+def test_thresholds_are_view_parameters():
+    change = tokens("m/cell", {p: -1.25 for p in range(1, 11)})
+    tok = pl.DataFrame(tokens("m/ref") + change, schema=TOKEN_SCHEMA)
+    dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 4), schema=DECODE_SCHEMA)
+    loose = cell_probes(tok, dec, PARENTS, CELLS, K, Verdicts(delta_nll=0.5), BOOT, False)
+    assert loose["v_window"].to_list() == ["flat"]
+    assert loose["diagnosis"].to_list() == ["agree"]
+    with pytest.raises(ValueError, match="tables.verdicts.delta_nll = -1"):
+        Verdicts(delta_nll=-1)
+    with pytest.raises(ValueError, match="tables.verdicts.hit_rate = 2"):
+        Verdicts(hit_rate=2)
+
+
+def test_case_studies_and_merged_vs_stacked_tables():
+    cells = {**CELLS, "m/cell2": {**CELLS["m/cell"], "cell": "gui t40 merged", "application": "merged"}}
+    tok = pl.DataFrame(tokens("m/ref") + tokens("m/cell", {p: -1.25 for p in range(1, 11)}) + tokens("m/cell2"),
+                       schema=TOKEN_SCHEMA)
+    dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 4) + decodes("m/cell2", 4), schema=DECODE_SCHEMA)
+    pooled = cell_probes(tok, dec, {**PARENTS, "m/cell2": "m/ref"}, cells, K, Verdicts(), BOOT, False)
+    cases = case_studies(pooled, K)
+    assert cases["diagnosis"].to_list() == ["window truncation", "non-secret span drift", "undertrained ambiguity"]
+    assert cases["observation"].to_list()[0] == "not observed in this grid"
+    assert cases["cell"].to_list()[1] == "gui t40 stacked (canary seed 0)"
+    wide = merged_vs_stacked(pooled).row(0, named=True)
+    assert wide["delta_window_stacked"] == pytest.approx(0.125)
+    assert wide["delta_window_merged_minus_stacked"] == pytest.approx(-0.125)
+    assert (wide["diagnosis_stacked"], wide["diagnosis_merged"]) == ("non-secret span drift", "agree")
+
+
+def test_build_tables_writes_the_paper_b_tables():
+    tok = pl.DataFrame(tokens("m/ref") + tokens("m/cell", {25: -1.5}), schema=TOKEN_SCHEMA)
+    dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 3), schema=DECODE_SCHEMA)
+    tables = build_tables(dec, tok, {"window_k": K, "parents": PARENTS, "cells": CELLS,
+                                     "bootstrap": {"replicates": 20}})
+    assert {"bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies"} <= set(tables)
+    assert tables["bsft_matrix"][1]["diagnosis"].to_list() == ["window truncation"]
+    assert tables["bsft_runs"][1]["bsft_seed"].to_list() == [0]
+
+
+def test_drift_pattern_by_cancellation_is_flagged_as_not_preamble_driven():
+    # Window up through in-window secret tokens, the tail past K down: the
+    # span Delta cancels to flat, the pattern reads as drift, the evidence does not.
+    change = {**{p: -1.25 for p in range(13, 21)}, **{p: -0.5 for p in range(21, 25)}}
+    row = run(tokens("m/cell", change), ref_hits=4, cell_hits=4)
+    assert row["diagnosis"] == "non-secret span drift"
+    assert row["preamble_share"] == pytest.approx(0.0)
+    assert row["evidence_supports"] is False
+    assert "not preamble-driven" in row["evidence"]
