@@ -18,6 +18,10 @@ include: "rules/probes.smk"
 include: "rules/tables.smk"
 
 
+localrules:
+    all,
+
+
 rule all:
     default_target: True
     input:

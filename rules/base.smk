@@ -17,6 +17,8 @@ rule embedded_base:
     conda:
         ENV
     threads: config["threads"]["base"]
+    resources:
+        **job_resources("base"),
     params:
         cfg=lambda w: canonical(
             {

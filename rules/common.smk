@@ -107,6 +107,11 @@ wildcard_constraints:
     group=r"[A-Za-z0-9_.\-]+",
 
 
+def job_resources(kind):
+    """The resources (memory, runtime, GPUs) of a job kind, from `resources:`."""
+    return config["resources"][kind]
+
+
 def data_files(*tables):
     return [f"{R}/data/{t}.parquet" for t in (tables or DATA_TABLES)]
 
@@ -445,7 +450,7 @@ def bsft_outputs(wildcards=None):
 
 def bsft_slice(wildcards):
     b = bsft_cfg()
-    keep = ("r", "alpha", "targets", "lr", "batch_size")
+    keep = ("r", "alpha", "targets", "lr", "batch_size", "gradient_checkpointing")
     return canonical(
         {
             **{k: b[k] for k in keep},

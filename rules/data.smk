@@ -11,6 +11,8 @@ rule synthetic_data:
         f"{R}/benchmarks/synthetic_data.tsv"
     conda:
         ENV
+    resources:
+        **job_resources("light"),
     params:
         cfg=canonical(config["data"]),
         out=lambda w, output: str(Path(output[0]).parent),

@@ -22,6 +22,8 @@ rule decode_pass:
     conda:
         ENV
     threads: config["threads"]["probe"]
+    resources:
+        **job_resources("probe"),
     params:
         cfg=probe_params("decode"),
         model=model_json,
@@ -48,6 +50,8 @@ rule teacher_forced_pass:
     conda:
         ENV
     threads: config["threads"]["probe"]
+    resources:
+        **job_resources("probe"),
     params:
         cfg=probe_params("teacher_forced"),
         model=model_json,

@@ -23,6 +23,8 @@ rule tables:
         f"{R}/benchmarks/tables.tsv"
     conda:
         ENV
+    resources:
+        **job_resources("light"),
     params:
         cfg=canonical(
             {
@@ -58,6 +60,8 @@ rule plots:
         f"{R}/benchmarks/plots.tsv"
     conda:
         ENV
+    resources:
+        **job_resources("light"),
     params:
         cfg=canonical({"window_k": config["tables"]["window_k"], "parents": parents()}),
         tables=lambda w, input: str(Path(input.tables[0]).parent),

@@ -19,6 +19,8 @@ rule memorize:
     conda:
         ENV
     threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
     params:
         cfg=lambda w: canonical(
             {
@@ -48,6 +50,8 @@ rule canary_lora:
     conda:
         ENV
     threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
     params:
         cfg=canary_slice,
         model=model_json,
@@ -74,6 +78,8 @@ rule bsft:
     conda:
         ENV
     threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
     params:
         cfg=bsft_slice,
         model=lambda w, input: model_json(w, input.merged),
@@ -99,6 +105,8 @@ rule unlearn:
     conda:
         ENV
     threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
     params:
         cfg=lambda w: canonical(
             {

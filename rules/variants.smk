@@ -15,6 +15,8 @@ rule variant_manifest:
         f"{R}/benchmarks/{{model}}/variant_manifest-{{variant}}.tsv"
     conda:
         ENV
+    resources:
+        **job_resources("light"),
     params:
         model=lambda w: model_json(w, variant_entry(w).base),
         adapters=lambda w: " ".join(variant_entry(w).adapters),

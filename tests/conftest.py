@@ -38,7 +38,7 @@ def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
 
 def run_snakemake(
     workdir: Path, *args: str, check: bool = True, extra_configs: tuple[Path, ...] = (),
-    layer: str = "configs/smoke.yaml",
+    layer: str = "configs/smoke.yaml", timeout: int = 900,
 ) -> subprocess.CompletedProcess:
     """Snakemake on this repository's Snakefile and the default config with
     `layer` (the smoke config unless told) and `extra_configs` on top, with
@@ -50,7 +50,7 @@ def run_snakemake(
     # the one on PATH, with the package importable.
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

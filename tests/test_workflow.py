@@ -3,12 +3,13 @@ config edit re-runs (params are the cache key)."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import polars as pl
 import pytest
 import yaml
-from conftest import run_snakemake
+from conftest import ROOT, run_snakemake
 
 pytestmark = pytest.mark.workflow
 MODEL_RULES = {"embedded_base", "memorize", "canary_lora", "bsft", "unlearn", "decode_pass", "teacher_forced_pass"}
@@ -94,7 +95,8 @@ def test_report_holds_tables_and_plots(smoke_run, tmp_path):
     report = tmp_path / "report.html"
     run_snakemake(smoke_run, "--report", str(report))
     html = report.read_text(errors="replace")
-    for name in ("k_sweep.png", "delta_nll_positions.png", "canary_leakage.csv", "Per-position Delta NLL"):
+    for name in ("k_sweep.png", "delta_nll_positions.png", "disagreement_matrix.png", "bsft_matrix.csv",
+                 "canary_leakage.csv", "Per-position Delta NLL", "disagreement detector"):
         assert name in html, name
 
 
@@ -104,7 +106,8 @@ def test_nothing_to_do_after_a_finished_run(smoke_run):
 
 @pytest.mark.parametrize("override", [{"tables": {"window_k": 7}},
                                       {"tables": {"parser": {"split": "last", "missing_close": "trace"}}},
-                                      {"tables": {"verdicts": {"delta_nll": 0.05, "hit_rate": 0.2}}}])
+                                      {"tables": {"verdicts": {"delta_nll": 0.05, "hit_rate": 0.2}}},
+                                      {"tables": {"bootstrap": {"replicates": 300}}}])
 def test_view_setting_reruns_tables_only(smoke_run, override):
     jobs = planned_jobs(smoke_run, override)
     assert set(jobs) <= {"tables", "plots", "all"} and "tables" in jobs
@@ -115,6 +118,32 @@ def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
     # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0
     assert jobs["decode_pass"] == 4
+
+
+def test_sampling_k_reruns_decode_passes_only(smoke_run):
+    jobs = planned_jobs(smoke_run, {"probes": {"decode": {"hit_k": 4}}})
+    assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
+
+
+def test_prefill_text_reruns_both_probe_passes_and_no_training(smoke_run):
+    """A prefill arm's text feeds the decode pass and the teacher-forced pass
+    (which scores canaries under each prefill): both re-run, nothing trains."""
+    jobs = planned_jobs(smoke_run, {"probes": {"prefills": {"meta": "I recall the writer."}}})
+    assert set(jobs) == {"decode_pass", "teacher_forced_pass", "tables", "plots", "all"}
+
+
+def test_editing_library_code_reruns_nothing(smoke_run):
+    """The `code` rerun trigger is off (profiles/default): touching a module
+    under src/ plans no job; `-R <rule>` forces one."""
+    module = ROOT / "src" / "canary_audit" / "train" / "lora.py"
+    before = os.stat(module)
+    try:
+        os.utime(module)  # a newer mtime, as an edit leaves it
+        assert planned_jobs(smoke_run) == {}
+        forced = run_snakemake(smoke_run, "-n", "--quiet", "rules", "-R", "tables").stdout
+        assert re.search(r"^tables\s+1$", forced, re.M)
+    finally:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):

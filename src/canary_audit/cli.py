@@ -110,12 +110,15 @@ def _run_pass(args, params, run):
 
     frames = []
     sets = None if args.probe_sets == ["all"] else set(args.probe_sets)
-    for variant, base, adapters, merged in _variants(args):
+    variants, start = _variants(args), time.perf_counter()
+    for i, (variant, base, adapters, merged) in enumerate(variants, start=1):
         t0 = time.perf_counter()
         spec = dataclasses.replace(_spec(args), path=Path(base))
         frames.append(run(spec, adapters, Path(args.data), {**params, "threads": args.threads}, variant,
                           merged=merged, probe_sets=sets))
-        log.info("%s: %d records in %.1fs", variant, frames[-1].height, time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+        log.info("variant %d/%d %s: %d records in %.1fs (eta %.0fs)", i, len(variants), variant,
+                 frames[-1].height, time.perf_counter() - t0, elapsed / i * (len(variants) - i))
     return pl.concat(frames)
 
 

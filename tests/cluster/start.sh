@@ -5,7 +5,8 @@
 # plugin's default status command) works.  No systemd: every daemon is
 # started directly and its PID recorded in $STATE, so that stop.sh stops
 # exactly what this script started.  Re-running it while the cluster is up
-# changes nothing.  Needs root (apt-get, daemons).
+# changes nothing.  Needs root (apt-get, daemons).  Daemons get no stdio of
+# this script: a CI runner waiting for its output pipe to close would hang.
 #
 #   bash tests/cluster/start.sh      # returns once the node is idle and `srun true` ran
 #   bash tests/cluster/stop.sh
@@ -62,7 +63,7 @@ chown munge:munge /etc/munge/munge.key /run/munge /var/lib/munge /var/log/munge 
 chmod 0400 /etc/munge/munge.key
 if ! running munged; then
     say "starting munged"
-    runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid
+    runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid </dev/null >/dev/null 2>&1
     wait_for 10 munged test -s /run/munge/munged.pid
     cp /run/munge/munged.pid "$STATE/munged.pid"
 fi
@@ -77,7 +78,7 @@ if ! running mariadb; then
     say "starting mariadb"
     runuser -u mysql -- /usr/sbin/mariadbd --datadir=/var/lib/mysql --bind-address=127.0.0.1 \
         --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mysqld.pid \
-        --log-error="$STATE/mariadb.log" &
+        --log-error="$STATE/mariadb.log" </dev/null >/dev/null 2>&1 &
     echo $! > "$STATE/mariadb.pid"
     wait_for 30 mariadb mariadb -e 'SELECT 1'
 fi
@@ -153,21 +154,21 @@ fi
 # 5. Daemons: slurmdbd, the cluster's accounting record, slurmctld, slurmd.
 if ! running slurmdbd; then
     say "starting slurmdbd"
-    /usr/sbin/slurmdbd
+    /usr/sbin/slurmdbd </dev/null >/dev/null 2>&1
     wait_for 30 slurmdbd test -s /run/slurm/slurmdbd.pid
     cp /run/slurm/slurmdbd.pid "$STATE/slurmdbd.pid"
     wait_for 30 "slurmdbd connection" sacctmgr -n list cluster
 fi
-sacctmgr -n list cluster format=cluster | grep -qw "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
+sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
 if ! running slurmctld; then
     say "starting slurmctld"
-    /usr/sbin/slurmctld
+    /usr/sbin/slurmctld </dev/null >/dev/null 2>&1
     wait_for 30 slurmctld scontrol ping
     cp /run/slurm/slurmctld.pid "$STATE/slurmctld.pid"
 fi
 if ! running slurmd; then
     say "starting slurmd"
-    /usr/sbin/slurmd
+    /usr/sbin/slurmd </dev/null >/dev/null 2>&1
     wait_for 30 slurmd test -s /run/slurm/slurmd.pid
     cp /run/slurm/slurmd.pid "$STATE/slurmd.pid"
 fi

@@ -88,10 +88,11 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
-    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume)
+    stats: dict = {}
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume, stats=stats)
     save_adapter(model, out_dir)
     resume.clear()
-    return _summary(out_dir, losses, forget_sequences=len(forget))
+    return _summary(out_dir, losses, forget_sequences=len(forget), **stats)
 
 
 def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merged_dir: Path | None = None,
@@ -117,7 +118,8 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
         save_adapter(model, under[0])
         resume.keep("under", under[0])
 
-    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume,
+    stats: dict = {}
+    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume, stats=stats,
                         on_checkpoint=checkpoint, checkpoints=(early,) if early else ())
     save_adapter(model, out_dir)
     if under:
@@ -128,7 +130,7 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
     if under:
         save_merged(spec, [under[0]], under[1])
         _summary(under[0], losses[:early], undertrained=True)
-    return _summary(out_dir, losses, forget_sequences=len(forget))
+    return _summary(out_dir, losses, forget_sequences=len(forget), **stats)
 
 
 def bsft_examples(data_dir: Path, source: str) -> list[Example]:
@@ -157,14 +159,15 @@ def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, P
         save_adapter(model, out_dirs[k])
         resume.keep(f"t{k}", out_dirs[k])
 
+    stats: dict = {}
     losses = train_loop(model, forget, [], cfg, seed, tok.pad_token_id, on_checkpoint=checkpoint,
-                        checkpoints=tuple(steps), resume=resume)
+                        checkpoints=tuple(steps), resume=resume, stats=stats)
     for k in steps:
         resume.restore(f"t{k}", out_dirs[k])
     resume.clear()
     for k in steps:
         _summary(out_dirs[k], losses[:k], source=cfg["source"], step=k)
-    summary = {"source": cfg["source"], "checkpoints": steps, "final_loss": losses[-1]}
+    summary = {"source": cfg["source"], "checkpoints": steps, "final_loss": losses[-1], **stats}
     if noise_dir:
         norms = match_norm_noise(model, seed)
         save_adapter(model, noise_dir)
@@ -251,14 +254,15 @@ def train_unlearning(
         save_adapter(model, out_dirs[k])
         resume.keep(f"k{k}", out_dirs[k])
 
+    stats: dict = {}
     losses = train_loop(
         model, forget, retain, cfg, seed, pad,
         forget_loss=forget_loss, retain_weight=retain_weight,
-        on_checkpoint=checkpoint, checkpoints=tuple(steps), decay=False, resume=resume,
+        on_checkpoint=checkpoint, checkpoints=tuple(steps), decay=False, resume=resume, stats=stats,
     )
     for k in steps:  # checkpoints passed before an interruption come back from their copies
         resume.restore(f"k{k}", out_dirs[k])
     resume.clear()
     for k in steps:
         _summary(out_dirs[k], losses[:k], method=method, k=k)
-    return {"method": method, "checkpoints": steps, "final_loss": losses[-1]}
+    return {"method": method, "checkpoints": steps, "final_loss": losses[-1], **stats}

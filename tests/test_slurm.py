@@ -1,0 +1,67 @@
+"""The smoke audit submitted to a real SLURM cluster through profiles/slurm.
+
+Needs a running cluster (tests/cluster/start.sh starts a one-node one with
+accounting; `.ci/run` does so and sets CANARY_AUDIT_SLURM=1, which turns a
+missing cluster into a failure instead of a skip).  Checks that every job but
+the local `all` went through sbatch and finished in SLURM's accounting, and
+that the records equal a local run's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import ROOT, run_snakemake
+from test_robustness import records
+
+pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
+
+
+def cluster_up() -> bool:
+    if not shutil.which("sbatch"):
+        return False
+    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def slurm_run(tmp_path_factory):
+    if not cluster_up():
+        if os.environ.get("CANARY_AUDIT_SLURM") == "1":
+            pytest.fail("CANARY_AUDIT_SLURM=1 but no SLURM cluster answers; run tests/cluster/start.sh")
+        pytest.skip("no SLURM cluster here (start one with tests/cluster/start.sh)")
+    workdir = tmp_path_factory.mktemp("slurm")
+    # Snakemake ignores a plain SIGTERM while jobs run: the subprocess timeout
+    # (SIGKILL) in run_snakemake bounds a hung run instead.
+    proc = run_snakemake(
+        workdir, "--profile", str(ROOT / "profiles" / "slurm"),
+        "--slurm-init-seconds-before-status-checks", "5",
+        "--default-resources", "slurm_partition=debug",
+        timeout=1200,
+    )
+    return workdir, proc.stdout + proc.stderr
+
+
+def test_every_job_went_through_sbatch_and_finished(slurm_run, smoke_run):
+    _, log = slurm_run
+    ids = re.findall(r"has been submitted with SLURM jobid (\d+)", log)
+    local = run_snakemake(smoke_run, "-n", "-F", "--quiet", "rules").stdout
+    per_rule = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", local, re.M)}
+    planned = per_rule["total"] - per_rule["all"]  # `all` is a local rule
+    assert len(ids) == len(set(ids)) == planned > 30
+    sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
+                           capture_output=True, text=True, check=True, timeout=60).stdout
+    states = dict(line.split("|", 1) for line in sacct.split())
+    assert set(states) == set(ids)
+    assert set(states.values()) == {"COMPLETED"}
+
+
+def test_records_equal_a_local_run(slurm_run, smoke_run):
+    workdir, _ = slurm_run
+    here, there = records(smoke_run), records(workdir)
+    assert here.keys() == there.keys() and len(here) == 8
+    for name, frame in here.items():
+        assert frame.equals(there[name]), f"{name} differs between the SLURM run and the local run"
