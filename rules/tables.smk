@@ -17,6 +17,7 @@ rule tables:
             for name in table_names()
         ],
         expand(f"{R}/tables/{{name}}.md", name=table_names()),
+        f"{R}/tables/view_config.json",
     log:
         f"{R}/logs/tables.log",
     benchmark:

@@ -10,7 +10,14 @@ from canary_audit.formats import ChatFormat
 from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import scored_items
-from canary_audit.probes.passes import decode_pass, generate_greedy, score_tokens, span_of, teacher_forced_pass
+from canary_audit.probes.passes import (
+    decode_pass,
+    generate_greedy,
+    score_tokens,
+    span_labels,
+    span_of,
+    teacher_forced_pass,
+)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,7 @@ def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
     fmt = ChatFormat(tok, "<think>", "</think>")
     model = load_model(spec)
     items = scored_items(fmt, data, {"prefills": {"empty": ""}, "head_tokens": 6})
-    rows = score_tokens(model, tok, items, batch_size=3)
+    rows = score_tokens(model, tok, items, batch_size=3).to_dicts()
     first = items[0]
     ids = tok(first.text, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
@@ -133,6 +140,8 @@ def test_span_priority():
     assert span_of(4, 6, spans) == "head"
     assert span_of(7, 9, spans) == "secret"  # a token straddling head and secret is secret
     assert span_of(12, 14, spans) == "continuation"
+    offsets = [(0, 3), (4, 6), (7, 9), (12, 14), (20, 22)]
+    assert list(span_labels(offsets, spans)) == [span_of(a, b, spans) for a, b in offsets]
 
 
 def test_decode_records_carry_provenance(tiny_assets, spec):

@@ -82,6 +82,26 @@ def test_smoke_run_audits_every_bsft_cell(smoke_run):
     assert (noise / "adapter_model.safetensors").is_file()
 
 
+def test_records_and_view_config_alone_reproduce_the_tables(smoke_run, tmp_path):
+    """A colleague's path: records plus tables/view_config.json, no Snakemake,
+    no model, give the workflow's tables (floats to 1e-9: polars' parallel
+    group-by may sum in another order)."""
+    import subprocess
+    import sys
+
+    from polars.testing import assert_frame_equal
+
+    results = smoke_run / "results" / "smoke"
+    records = sorted((results / "records").rglob("*.parquet"))
+    cmd = [sys.executable, "-m", "canary_audit", "tables", "--out", str(tmp_path),
+           "--params", f"@{results / 'tables' / 'view_config.json'}",
+           "--decode", *[str(r) for r in records if r.name == "decode.parquet"],
+           "--tokens", *[str(r) for r in records if r.name == "token.parquet"]]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    for name in ("k_sweep.csv", "bsft_matrix.csv", "bsft_decomposition.csv", "nll.csv"):
+        assert_frame_equal(pl.read_csv(tmp_path / name), pl.read_csv(results / "tables" / name), abs_tol=1e-9)
+
+
 def test_bsft_setting_reruns_bsft_and_its_probes_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"bsft": {"lr": 0.002}})
     assert jobs["bsft"] == 3  # gui, safety, and gui on the undertrained base

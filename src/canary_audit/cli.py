@@ -167,7 +167,7 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="canary_audit", description=__doc__.splitlines()[0])
     p.add_argument("command", choices=sorted(COMMANDS))
-    p.add_argument("--params", default="{}", help="the rule's config slice, as JSON")
+    p.add_argument("--params", default="{}", help="the rule's config slice, as JSON, or @FILE holding it")
     p.add_argument("--model", help="the model entry, as JSON (name, path, dtype, think tags)")
     p.add_argument("--data", help="synthetic data folder")
     p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out = args.out[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.perf_counter()
-    result = COMMANDS[args.command](args, json.loads(args.params))
+    params = Path(args.params[1:]).read_text() if args.params.startswith("@") else args.params
+    result = COMMANDS[args.command](args, json.loads(params))
     log.info("%s done in %.1fs: %s", args.command, time.perf_counter() - t0, json.dumps(result, default=str))
     return 0
 

@@ -90,6 +90,12 @@ def to_records(rows: list[dict], kind: str) -> pl.DataFrame:
     return frame.select(list(schema))
 
 
+def conform(frame: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """A frame built column-wise -> exactly the declared columns, types and order."""
+    schema = SCHEMAS[kind]
+    return frame.select([pl.col(c).cast(t) for c, t in schema.items()])
+
+
 def read_records(path: Path, kind: str) -> pl.DataFrame:
     """Read and validate one records file; refuse one that mixes config hashes."""
     path = Path(path)

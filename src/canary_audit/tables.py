@@ -5,6 +5,7 @@ Reads only records files; never a model, never the synthetic data.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -156,4 +157,9 @@ def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dic
     )
     for name, (title, frame) in tables.items():
         write_table(frame, out_dir, name, title)
+    # The view settings beside the tables (parents, paper B cells, thresholds):
+    # whoever receives records and this file re-tabulates without the config
+    # (`python -m canary_audit tables --params @view_config.json ...`).
+    view = {k: v for k, v in cfg.items() if k != "expected_hashes"}
+    (out_dir / "view_config.json").write_text(json.dumps(view, indent=1, sort_keys=True))
     return {name: frame.height for name, (_, frame) in tables.items()}

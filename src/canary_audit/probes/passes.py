@@ -13,12 +13,14 @@ import logging
 import time
 from pathlib import Path
 
+import polars as pl
+
 from canary_audit.formats import ChatFormat
 from canary_audit.model.embedded import pad_batch
 from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
-from canary_audit.records import config_hash, to_records
+from canary_audit.records import config_hash, conform, to_records
 
 log = logging.getLogger(__name__)
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
@@ -171,43 +173,71 @@ def span_of(start: int, end: int, spans: dict[str, tuple[int, int]]) -> str:
     return "prompt"
 
 
-def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> list[dict]:
-    """One forward per length-sorted batch; every field of every scored token."""
+def span_labels(offsets, spans: dict[str, tuple[int, int]]):
+    """`span_of` for every token of a sequence at once: lower priorities are
+    written first and overwritten by higher ones where a token overlaps both."""
+    import numpy as np
+
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    labels = np.full(len(offsets), "prompt", dtype=object)
+    for label in reversed(SPAN_PRIORITY):
+        s, e = spans.get(label, (0, 0))
+        labels[(offsets[:, 0] < e) & (offsets[:, 1] > s)] = label
+    return labels
+
+
+def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> pl.DataFrame:
+    """One forward per length-sorted batch; every field of every scored token,
+    as columns.
+
+    Tokenization is one batched call; log-prob, rank and top-1 are computed
+    for the whole padded batch in a few tensor operations and copied to the
+    host once per batch; rows become numpy columns, not per-token dicts.
+    """
+    import numpy as np
     import torch
 
-    encs = [tokenizer(it.text, add_special_tokens=False, return_offsets_mapping=True) for it in items]
-    rows: list[dict] = []
-    per_item: list[list[dict]] = [[] for _ in items]
-    for batch in length_sorted_batches([len(e["input_ids"]) for e in encs], batch_size):
-        padded = pad_batch(
-            [encs[i]["input_ids"] for i in batch], tokenizer.pad_token_id, side="right", device=model.device
-        )
+    enc = tokenizer([it.text for it in items], add_special_tokens=False, return_offsets_mapping=True)
+    ids_all, offsets_all = enc["input_ids"], enc["offset_mapping"]
+    vocab = np.empty(len(tokenizer), dtype=object)
+    for token, index in tokenizer.get_vocab().items():
+        vocab[index] = token
+    parts: list[tuple | None] = [None] * len(items)
+    for batch in length_sorted_batches([len(ids) for ids in ids_all], batch_size):
+        padded = pad_batch([ids_all[i] for i in batch], tokenizer.pad_token_id, side="right", device=model.device)
         with torch.no_grad():
             logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            # No vocabulary-sized log-softmax is written: the log-prob is
+            # logit - logsumexp, and rank and top-1 compare raw logits (the
+            # rank count summed as int32: 4-5x faster than torch's int64 sum).
+            scores = logits[:, :-1].float()
+            target = padded["input_ids"][:, 1:]
+            token_logit = scores.gather(-1, target.unsqueeze(-1))
+            lse = scores.logsumexp(-1)
+            rank = (scores > token_logit).sum(-1, dtype=torch.int32) + 1
+            top1_logit, top1_id = scores.max(-1)
+        host = [t.cpu().numpy() for t in (token_logit.squeeze(-1) - lse, rank, top1_id, top1_logit - lse)]
         for row, i in enumerate(batch):
-            ids = encs[i]["input_ids"]
-            n = len(ids)
-            target = torch.tensor(ids[1:], device=logp.device)
-            lp_rows = logp[row, : n - 1]
-            tok_lp = lp_rows.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-            rank = ((lp_rows > tok_lp.unsqueeze(-1)).sum(-1) + 1).tolist()
-            top1_lp, top1_id = (t.tolist() for t in lp_rows.max(-1))
-            tok_lp = tok_lp.tolist()  # one transfer per sequence, not one .item() per field and token
-            offsets = encs[i]["offset_mapping"]
-            texts = tokenizer.convert_ids_to_tokens(ids)
-            it = items[i]
-            for p in range(1, n):
-                per_item[i].append({
-                    "probe_set": it.probe_set, "item_id": it.item_id, "group_id": it.group_id,
-                    "arm": it.arm, "position": p, "token_id": ids[p], "token_text": texts[p],
-                    "logprob": tok_lp[p - 1], "rank": rank[p - 1],
-                    "top1_id": top1_id[p - 1], "top1_logprob": top1_lp[p - 1],
-                    "span": span_of(*offsets[p], it.spans),
-                })
-    for chunk in per_item:
-        rows.extend(chunk)
-    return rows
+            n = len(ids_all[i]) - 1
+            parts[i] = (np.asarray(ids_all[i][1:], dtype=np.int64), *(h[row, :n] for h in host),
+                        span_labels(offsets_all[i][1:], items[i].spans))
+    counts = np.array([len(part[0]) for part in parts], dtype=np.int64)
+
+    def per_item(field: str):
+        return np.repeat(np.array([getattr(it, field) for it in items], dtype=object), counts)
+
+    token_id = np.concatenate([part[0] for part in parts])
+    return pl.DataFrame({
+        "probe_set": per_item("probe_set"), "item_id": per_item("item_id"), "group_id": per_item("group_id"),
+        "arm": per_item("arm"),
+        "position": np.concatenate([np.arange(1, n + 1) for n in counts]).astype(np.int32),
+        "token_id": token_id.astype(np.int32), "token_text": vocab[token_id],
+        "logprob": np.concatenate([part[1] for part in parts]).astype(np.float32),
+        "rank": np.concatenate([part[2] for part in parts]).astype(np.int32),
+        "top1_id": np.concatenate([part[3] for part in parts]).astype(np.int32),
+        "top1_logprob": np.concatenate([part[4] for part in parts]).astype(np.float32),
+        "span": np.concatenate([part[5] for part in parts]),
+    }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "token_text", "span")})
 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
@@ -220,7 +250,8 @@ def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, c
     items = scored_items(fmt, data_dir, cfg, probe_sets)
     model = load_model(spec, adapters, merge_all=merged)
     t0 = time.perf_counter()
-    rows = score_tokens(model, tok, items, cfg["batch_size"])
-    log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), len(rows), time.perf_counter() - t0)
+    scored = score_tokens(model, tok, items, cfg["batch_size"])
+    log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), scored.height, time.perf_counter() - t0)
     provenance = provenance_of(spec, adapters, cfg, merged)
-    return to_records([{"variant": variant, **r, **provenance} for r in rows], "token")
+    frame = scored.with_columns(variant=pl.lit(variant), **{k: pl.lit(v) for k, v in provenance.items()})
+    return conform(frame, "token")
