@@ -15,7 +15,6 @@ from canary_audit.probes.passes import (
     generate_greedy,
     score_tokens,
     span_labels,
-    span_of,
     teacher_forced_pass,
 )
 
@@ -136,12 +135,9 @@ def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
 
 def test_span_priority():
     spans = {"prompt": (0, 5), "head": (5, 8), "secret": (8, 12), "continuation": (12, 14)}
-    assert span_of(0, 3, spans) == "prompt"
-    assert span_of(4, 6, spans) == "head"
-    assert span_of(7, 9, spans) == "secret"  # a token straddling head and secret is secret
-    assert span_of(12, 14, spans) == "continuation"
     offsets = [(0, 3), (4, 6), (7, 9), (12, 14), (20, 22)]
-    assert list(span_labels(offsets, spans)) == [span_of(a, b, spans) for a, b in offsets]
+    # A token straddling head and secret is secret; one past every span is prompt.
+    assert list(span_labels(offsets, spans)) == ["prompt", "head", "secret", "continuation", "prompt"]
 
 
 def test_decode_records_carry_provenance(tiny_assets, spec):

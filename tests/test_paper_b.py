@@ -64,7 +64,7 @@ def run(cell_tokens, ref_hits, cell_hits, sampled=(None, None), seed_level=False
     tok = pl.DataFrame(tokens("m/ref") + cell_tokens, schema=TOKEN_SCHEMA)
     dec = pl.DataFrame(decodes("m/ref", ref_hits, sampled[0]) + decodes("m/cell", cell_hits, sampled[1]),
                        schema=DECODE_SCHEMA)
-    frame = cell_probes(tok, dec, PARENTS, CELLS, K, Verdicts(), BOOT, seed_level)
+    frame = cell_probes(tok, dec, PARENTS, CELLS, K, Verdicts(), BOOT)["runs" if seed_level else "cells"]
     assert frame.height == 1
     return frame.row(0, named=True)
 
@@ -149,7 +149,7 @@ def test_thresholds_are_view_parameters():
     change = tokens("m/cell", {p: -1.25 for p in range(1, 11)})
     tok = pl.DataFrame(tokens("m/ref") + change, schema=TOKEN_SCHEMA)
     dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 4), schema=DECODE_SCHEMA)
-    loose = cell_probes(tok, dec, PARENTS, CELLS, K, Verdicts(delta_nll=0.5), BOOT, False)
+    loose = cell_probes(tok, dec, PARENTS, CELLS, K, Verdicts(delta_nll=0.5), BOOT)["cells"]
     assert loose["v_window"].to_list() == ["flat"]
     assert loose["diagnosis"].to_list() == ["agree"]
     with pytest.raises(ValueError, match="tables.verdicts.delta_nll = -1"):
@@ -163,7 +163,7 @@ def test_case_studies_and_merged_vs_stacked_tables():
     tok = pl.DataFrame(tokens("m/ref") + tokens("m/cell", {p: -1.25 for p in range(1, 11)}) + tokens("m/cell2"),
                        schema=TOKEN_SCHEMA)
     dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 4) + decodes("m/cell2", 4), schema=DECODE_SCHEMA)
-    pooled = cell_probes(tok, dec, {**PARENTS, "m/cell2": "m/ref"}, cells, K, Verdicts(), BOOT, False)
+    pooled = cell_probes(tok, dec, {**PARENTS, "m/cell2": "m/ref"}, cells, K, Verdicts(), BOOT)["cells"]
     cases = case_studies(pooled, K)
     assert cases["diagnosis"].to_list() == ["window truncation", "non-secret span drift", "undertrained ambiguity"]
     assert cases["observation"].to_list()[0] == "not observed in this grid"

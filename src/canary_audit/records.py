@@ -54,6 +54,8 @@ TOKEN_SCHEMA = {
 }
 
 SCHEMAS = {"decode": DECODE_SCHEMA, "token": TOKEN_SCHEMA}
+# The hex canaries and their two decoys: the probe sets paper B's views read.
+HEX_SETS = ("hex", "decoy_shuffled", "decoy_wrong")
 
 
 class RecordsError(ValueError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import RecordsError, read_records
+from canary_audit.records import HEX_SETS, RecordsError, read_records
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.paper_a import Bootstrap
@@ -98,7 +98,7 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
     if decode.height and decode.filter(pl.col("probe_set") == "hex").height:
         tables["hex_recall"] = ("Hex canary behavioural recall", hex_recall(decode))
     if tokens.height:
-        hex_tokens = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
+        hex_tokens = tokens.filter(pl.col("probe_set").is_in(HEX_SETS))
         tables["nll"] = (
             f"Hex canaries and decoys: NLL over the first K={window_k} tokens and over the "
             "secret span, with Deltas against each variant's parent",
@@ -130,13 +130,11 @@ def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Boo
     ci = f"{boot.level:.0%} CIs: canary-clustered bootstrap, B={boot.replicates}"
     rule = f"changed at |Delta NLL| >= {verdicts.delta_nll}, |Delta hit| >= {verdicts.hit_rate}"
 
-    def probes(seed_level: bool) -> pl.DataFrame:
-        return paper_b.cell_probes(tokens, decode, parents, cells, window_k, verdicts, boot, seed_level)
-
-    pooled = probes(seed_level=False)
+    probes = paper_b.cell_probes(tokens, decode, parents, cells, window_k, verdicts, boot)
+    pooled = probes["cells"]
     return {
         "bsft_runs": (f"bSFT cells, seed-level runs: every probe against the merged base ({ci}; {rule})",
-                      probes(seed_level=True)),
+                      probes["runs"]),
         "bsft_matrix": (f"bSFT cell x probe matrix, seeds pooled: verdicts, diagnosis, evidence ({rule}; "
                         f"window K={window_k})", paper_b.matrix(pooled)),
         "bsft_decomposition": (f"Span decomposition of the windowed (K={window_k}) and secret-span Deltas",

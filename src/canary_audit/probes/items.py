@@ -18,6 +18,7 @@ from canary_audit.data.io import load_authors
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question
 from canary_audit.model.tokens import canary_head
+from canary_audit.records import HEX_SETS
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
 # `other_*`: the next author of the forget set (cyclically): a prefill in the
@@ -85,9 +86,6 @@ def _arms(fmt: ChatFormat, prompt: str, author: Author, other: Author, prefills:
     yield "auto", prompt
     for name, template in sorted(prefills.items()):
         yield f"prefill_{name}", fmt.prefill(prompt, render_prefill(template, author, other))
-
-
-HEX_SETS = frozenset({"hex", "decoy_shuffled", "decoy_wrong"})
 
 
 def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:

@@ -164,18 +164,10 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
     return to_records(rows, "decode")
 
 
-def span_of(start: int, end: int, spans: dict[str, tuple[int, int]]) -> str:
-    """The label of the highest-priority span a token's characters overlap."""
-    for label in SPAN_PRIORITY:
-        s, e = spans.get(label, (0, 0))
-        if start < e and end > s:
-            return label
-    return "prompt"
-
-
 def span_labels(offsets, spans: dict[str, tuple[int, int]]):
-    """`span_of` for every token of a sequence at once: lower priorities are
-    written first and overwritten by higher ones where a token overlaps both."""
+    """The span label of every token of a sequence, from its character
+    offsets: the highest-priority span (SPAN_PRIORITY) a token overlaps;
+    lower priorities are written first and overwritten by higher ones."""
     import numpy as np
 
     offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)

@@ -172,8 +172,10 @@ def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, P
         norms = match_norm_noise(model, seed)
         save_adapter(model, noise_dir)
         summary["noise_update_norm"] = round(sum(n * n for n in norms.values()) ** 0.5, 6)
-        _summary(noise_dir, losses, noise_of=f"{cfg['source']} t{steps[-1]}",
-                 noise_update_norm=summary["noise_update_norm"])
+        # Not trained: no steps or loss of its own, only what it is matched to.
+        (noise_dir / "train_summary.json").write_text(json.dumps(
+            {"noise_of": f"{cfg['source']} t{steps[-1]}", "noise_update_norm": summary["noise_update_norm"]},
+            indent=2))
     return summary
 
 

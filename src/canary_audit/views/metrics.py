@@ -12,6 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
+from canary_audit.records import HEX_SETS
 
 
 def contains_reference(column: str) -> pl.Expr:
@@ -35,21 +36,32 @@ def exact_hex_hit() -> pl.Expr:
     return pl.col("generated").str.strip_chars_start().str.starts_with(record)
 
 
+def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
+    """Per (variant, hex canary): greedy exact recall (`hit1`, 0/1) and, when
+    samples were drawn, whether any of the k samples is exact (`hitk`), the
+    share of exact samples and k (nulls without samples)."""
+    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit())
+    greedy = hexes.filter(pl.col("arm") == "greedy").select("variant", "item_id", hit1=pl.col("hit").cast(pl.Float64))
+    sampled = (
+        hexes.filter(pl.col("arm") == "sampled")
+        .group_by("variant", "item_id")
+        .agg(k=pl.len(), hitk=pl.col("hit").any().cast(pl.Float64), sampled_share=pl.col("hit").mean())
+    )
+    return greedy.join(sampled, on=["variant", "item_id"], how="left")
+
+
 def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
     """Behavioural recall per variant (paper B): hit@1, the greedy
     continuation of the preamble reproduces `TEXTCAN-{secret}-END` exactly
     (after the space that follows the colon), and hit@k, any of the k sampled
     continuations does (null when no samples were drawn)."""
-    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit())
-    greedy = hexes.filter(pl.col("arm") == "greedy").group_by("variant").agg(n=pl.len(), hit_at_1=pl.col("hit").mean())
-    sampled = (
-        hexes.filter(pl.col("arm") == "sampled")
-        .group_by("variant", "item_id")
-        .agg(k=pl.len(), any_hit=pl.col("hit").any(), share=pl.col("hit").mean())
+    return (
+        hex_hits(decode)
         .group_by("variant")
-        .agg(k=pl.col("k").max(), hit_at_k=pl.col("any_hit").mean(), sampled_hit_rate=pl.col("share").mean())
+        .agg(n=pl.len(), hit_at_1=pl.col("hit1").mean(), k=pl.col("k").max(), hit_at_k=pl.col("hitk").mean(),
+             sampled_hit_rate=pl.col("sampled_share").mean())
+        .sort("variant")
     )
-    return greedy.join(sampled, on="variant", how="left").sort("variant")
 
 
 def per_item_nll(tokens: pl.DataFrame, window_k: int) -> pl.DataFrame:
@@ -112,17 +124,28 @@ def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> p
     )
 
 
+def token_deltas(tokens: pl.DataFrame, parents: dict[str, str], probe_sets=HEX_SETS) -> pl.DataFrame:
+    """Per scored token of the given probe sets, for every variant with a
+    parent: Delta NLL against the parent at the same item and position
+    (positive = the change made the token less likely), with its span."""
+    chosen = tokens.filter(pl.col("probe_set").is_in(list(probe_sets)))
+    return (
+        with_parent(chosen, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
+        .filter(pl.col("ref_logprob").is_not_null())
+        .select("variant", "probe_set", "item_id", "position", "span",
+                delta=(pl.col("ref_logprob") - pl.col("logprob")).cast(pl.Float64))
+    )
+
+
 def position_deltas(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
     """Per (variant, probe set, position) of the hex canaries and decoys: mean
     Delta NLL against the parent (same item, same position), and the span the
     position most often falls in: where along preamble + secret a change sits."""
-    hexes = tokens.filter(pl.col("probe_set").is_in(["hex", "decoy_shuffled", "decoy_wrong"]))
-    if hexes.is_empty() or not parents:
+    if tokens.is_empty() or not parents:
         return pl.DataFrame()
     return (
-        with_parent(hexes, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
-        .filter(pl.col("ref_logprob").is_not_null())
+        token_deltas(tokens, parents)
         .group_by("variant", "probe_set", "position")
-        .agg(delta_nll=(pl.col("ref_logprob") - pl.col("logprob")).mean(), span=pl.col("span").mode().first())
+        .agg(delta_nll=pl.col("delta").mean(), span=pl.col("span").mode().first())
         .sort("variant", "probe_set", "position")
     )

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from canary_audit.records import HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
-from canary_audit.views.metrics import exact_hex_hit, per_item_nll, with_parent
+from canary_audit.views.metrics import hex_hits, per_item_nll, token_deltas, with_parent
 from canary_audit.views.paper_a import Bootstrap
 
-HEX, DECOYS = "hex", ("decoy_shuffled", "decoy_wrong")
+HEX, DECOYS = HEX_SETS[0], HEX_SETS[1:]
 SPAN_CLASS = {"prompt": "preamble", "head": "preamble", "secret": "secret", "continuation": "suffix"}
 CELL_KEYS = ("canary_seed", "cell", "kind", "source", "step", "application")
 WITH_CI = ("delta_window", "delta_secret", "delta_hit1", "decoy_contrast")
@@ -63,38 +64,21 @@ def cell_frame(cells: dict[str, dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
 
 
-def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
-    """Per (variant, canary): greedy exact recall (hit1) and, when samples were
-    drawn, whether any of the k samples is exact (hitk)."""
-    hexes = decode.filter(pl.col("probe_set") == HEX).with_columns(hit=exact_hex_hit())
-    greedy = hexes.filter(pl.col("arm") == "greedy").select("variant", "item_id", hit1=pl.col("hit").cast(pl.Float64))
-    sampled = (
-        hexes.filter(pl.col("arm") == "sampled")
-        .group_by("variant", "item_id")
-        .agg(hitk=pl.col("hit").any().cast(pl.Float64))
-    )
-    return greedy.join(sampled, on=["variant", "item_id"], how="left")
-
-
 def position_frame(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
-    """Per scored hex token: Delta NLL against the parent at the same item and
-    position (positive = the change made the token less likely), and its
-    span class."""
-    hexes = tokens.filter(pl.col("probe_set") == HEX)
-    return (
-        with_parent(hexes, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
-        .filter(pl.col("ref_logprob").is_not_null())
-        .select("variant", "item_id", "position", "span",
-                span_class=pl.col("span").replace_strict(SPAN_CLASS, default="preamble"),
-                delta=(pl.col("ref_logprob") - pl.col("logprob")).cast(pl.Float64))
+    """Per scored hex-canary token with a parent: its Delta NLL (see
+    `token_deltas`) and its span class (preamble / secret / suffix)."""
+    return token_deltas(tokens, parents, [HEX]).with_columns(
+        span_class=pl.col("span").replace_strict(SPAN_CLASS, default="preamble")
     )
 
 
-def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, str], window_k: int) -> pl.DataFrame:
+def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, str], window_k: int,
+               positions: pl.DataFrame) -> pl.DataFrame:
     """One row per (variant, hex canary) of every variant with a parent: each
-    probe's value and Delta, the window/secret decomposition, and the decoys."""
+    probe's value and Delta, the window/secret decomposition (from
+    `positions`, the `position_frame` of the same records), and the decoys."""
     nll = with_parent(
-        per_item_nll(tokens.filter(pl.col("probe_set").is_in([HEX, *DECOYS])), window_k), parents,
+        per_item_nll(tokens.filter(pl.col("probe_set").is_in(HEX_SETS)), window_k), parents,
         ["probe_set", "item_id"], {"nll_window": "ref_window", "nll_secret": "ref_secret"},
     ).filter(pl.col("parent").is_not_null()).with_columns(
         delta_window=pl.col("nll_window") - pl.col("ref_window"),
@@ -108,7 +92,6 @@ def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, st
         .group_by("variant", "item_id")
         .agg(decoy_delta_window=pl.col("delta_window").mean(), decoy_delta_secret=pl.col("delta_secret").mean())
     )
-    positions = position_frame(tokens, parents)
     in_window = pl.col("position") <= window_k
     parts = positions.group_by("variant", "item_id").agg(
         **{
@@ -121,7 +104,7 @@ def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, st
         secret_past_k=pl.col("delta").filter(~in_window & (pl.col("span") == "secret")).sum()
         / (pl.col("span") == "secret").sum(),
     )
-    hits = hex_hits(decode)
+    hits = hex_hits(decode).select("variant", "item_id", "hit1", "hitk")
     hits = with_parent(hits, parents, ["item_id"], {"hit1": "ref_hit1", "hitk": "ref_hitk"}).drop("parent")
     return (
         secret.join(parts, on=["variant", "item_id"], how="left")
@@ -245,25 +228,30 @@ def _evidence(frame: pl.DataFrame, window_k: int) -> pl.DataFrame:
 
 
 def cell_probes(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, str], cells: dict[str, dict],
-                window_k: int, verdicts: Verdicts, boot: Bootstrap, seed_level: bool) -> pl.DataFrame:
+                window_k: int, verdicts: Verdicts, boot: Bootstrap) -> dict[str, pl.DataFrame]:
     """Every probe of every cell with CIs (canary-clustered bootstrap), its
-    verdicts, diagnosis and evidence: one row per seed-level run
-    (`seed_level`), or per cell with its bSFT seeds pooled (the canaries are
-    resampled, so a canary's seeds move together)."""
+    verdicts, diagnosis and evidence, at two levels from one pass over the
+    records: `runs`, one row per seed-level run, and `cells`, one row per cell
+    with its bSFT seeds pooled (the canaries are resampled, so a canary's
+    seeds move together).  Empty frames when there are no cells."""
+    empty = {"runs": pl.DataFrame(), "cells": pl.DataFrame()}
     cell_rows = cell_frame(cells)
     if cell_rows.is_empty() or tokens.is_empty():
-        return pl.DataFrame()
-    items = item_frame(tokens, decode, parents, window_k).join(cell_rows, on="variant", how="inner")
-    if items.is_empty():
-        return pl.DataFrame()
-    keys = ["variant", *CELL_KEYS, "bsft_seed"] if seed_level else list(CELL_KEYS)
-    with_ci = rates_with_ci(items, keys, [c for c in WITH_CI if items[c].null_count() < items.height],
-                            boot.replicates, boot.seed, level=boot.level)
-    means = items.group_by(keys).agg(*(pl.col(c).mean() for c in MEANS), seeds=pl.col("bsft_seed").n_unique())
+        return empty
     positions = position_frame(tokens, parents).join(cell_rows, on="variant", how="inner")
-    frame = _shares(with_verdicts(with_ci.join(means, on=keys, how="left"), verdicts))
-    frame = frame.join(_past_k_positions(positions, keys, window_k, verdicts.delta_nll), on=keys, how="left")
-    return _evidence(frame, window_k).with_columns(window_k=pl.lit(window_k)).sort(keys)
+    items = item_frame(tokens, decode, parents, window_k, positions).join(cell_rows, on="variant", how="inner")
+    if items.is_empty():
+        return empty
+    with_ci = [c for c in WITH_CI if items[c].null_count() < items.height]
+
+    def level(keys: list[str]) -> pl.DataFrame:
+        ci = rates_with_ci(items, keys, with_ci, boot.replicates, boot.seed, level=boot.level)
+        means = items.group_by(keys).agg(*(pl.col(c).mean() for c in MEANS), seeds=pl.col("bsft_seed").n_unique())
+        frame = _shares(with_verdicts(ci.join(means, on=keys, how="left"), verdicts))
+        frame = frame.join(_past_k_positions(positions, keys, window_k, verdicts.delta_nll), on=keys, how="left")
+        return _evidence(frame, window_k).with_columns(window_k=pl.lit(window_k)).sort(keys)
+
+    return {"runs": level(["variant", *CELL_KEYS, "bsft_seed"]), "cells": level(list(CELL_KEYS))}
 
 
 def decomposition(cells: pl.DataFrame) -> pl.DataFrame:
