@@ -14,11 +14,15 @@ from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.plots import PLOTS
 from canary_audit.probes.items import check_prefill_templates
-from canary_audit.records import config_hash
+from canary_audit.probes.passes import unit_hashes
+from canary_audit.probes.units import AUTO, unit_config
 
 validate(config, "../schemas/config.schema.yaml")
 
 R = config["results"]
+# Job grain (workflow_config.yaml, `grain`): fine = one unlearning job per K
+# and one probe job per (variant, probe unit).
+FINE = config["grain"] == "fine"
 ENV = "../envs/canary-audit.yaml"
 MODEL_KEYS = (
     "dtype",
@@ -105,6 +109,7 @@ wildcard_constraints:
     k=r"\d+",
     variant=r"[A-Za-z0-9_.\-]+",
     group=r"[A-Za-z0-9_.\-]+",
+    unit=r"[A-Za-z0-9_.\-]+",
 
 
 def job_resources(kind):
@@ -328,12 +333,57 @@ def group_weights(wildcards):
     )
 
 
-def group_probe_sets(wildcards):
+def probe_sets_of(group):
     """bSFT groups run the hex-canary probes only (paper B's cells are judged
     on them), and so does every group of an audit without paper A's
     templates; every other group runs every probe set."""
     paper_a = bool(config["audit"]["templates"])
-    return "all" if paper_a and not wildcards.group.startswith("bsft-") else "hex"
+    return "all" if paper_a and not group.startswith("bsft-") else "hex"
+
+
+def probe_sets(wildcards):
+    """The probe sets of a probe job: its group's (see probe_sets_of)."""
+    if FINE:
+        return probe_sets_of(variant_entry(wildcards).group)
+    return probe_sets_of(wildcards.group)
+
+
+def variant_units(model, variant):
+    """The probe units of a variant under the fine grain: AUTO, and each
+    prefill arm where its group runs paper A's author probes."""
+    group = variants(model)[variant].group
+    prefills = config["probes"]["prefills"] if probe_sets_of(group) == "all" else {}
+    return [AUTO, *sorted(prefills)]
+
+
+def probe_manifests(wildcards):
+    """The variant manifests a probe job reads: its group's, or its variant's."""
+    if FINE:
+        variant_entry(wildcards)  # names an unknown variant
+        return [f"{R}/variants/{wildcards.model}/{wildcards.variant}.json"]
+    return group_manifests(wildcards)
+
+
+def probe_weights(wildcards):
+    """The adapters and DAG-made base weights (merged bases) a probe job reads."""
+    if not FINE:
+        return group_weights(wildcards)
+    entry = variant_entry(wildcards)
+    made = [entry.base] if entry.base != model_path(wildcards.model) else []
+    return sorted({*made, *entry.adapters})
+
+
+def records_path(kind):
+    """Where a probe job writes its records: one file per group, or per
+    (variant, probe unit) under the fine grain."""
+    if FINE:
+        return f"{R}/records/{{model}}/units/{{variant}}/{{unit}}/{kind}.parquet"
+    return f"{R}/records/{{model}}/{{group}}/{kind}.parquet"
+
+
+def probe_job_name():
+    """The wildcards that name one probe job (logs, benchmarks)."""
+    return "{variant}-{unit}" if FINE else "{group}"
 
 
 def variant_entry(wildcards):
@@ -353,6 +403,13 @@ def variant_inputs(wildcards):
 
 
 def all_records(kind):
+    if FINE:
+        return [
+            f"{R}/records/{m}/units/{v}/{u}/{kind}.parquet"
+            for m in config["audit"]["models"]
+            for v in variants(m)
+            for u in variant_units(m, v)
+        ]
     return [
         f"{R}/records/{m}/{g}/{kind}.parquet"
         for m in config["audit"]["models"]
@@ -461,29 +518,86 @@ def bsft_slice(wildcards):
     )
 
 
+def unlearn_name():
+    """An unlearning job's name: its run, and its K under the fine grain."""
+    return "{method}-{template}-s{seed}" + ("-k{k}" if FINE else "")
+
+
+def unlearn_state(k):
+    """Where a fine-grain unlearning segment saves its training state at K."""
+    return f"{R}/models/{{model}}/states/{{method}}-{{template}}-s{{seed}}-k{k}"
+
+
 def unlearn_outputs(wildcards=None):
+    """Every K checkpoint of the run; under the fine grain, one K's checkpoint
+    and the training state the next K continues from."""
+    if FINE:
+        return [
+            directory(adapter_dir("{model}", "{method}-{template}-s{seed}-k{k}")),
+            directory(unlearn_state("{k}")),
+        ]
     return [
         directory(adapter_dir("{model}", f"{{method}}-{{template}}-s{{seed}}-k{k}"))
         for k in config["unlearn"]["k"]
     ]
 
 
-def probe_hashes():
-    """The config hash each kind of record must carry: tables refuse others."""
+def previous_state(wildcards):
+    """A fine-grain segment continues from the state of the K before its own
+    (none for the first K); a K not in the sweep is named."""
+    if not FINE:
+        return []
+    ks = sorted(config["unlearn"]["k"])
+    k = int(wildcards.k)
+    if k not in ks:
+        fail(f"unlearning checkpoint K={k} is not in `unlearn.k` ({ks})")
+    before = [x for x in ks if x < k]
+    return [unlearn_state(before[-1]).format(**wildcards)] if before else []
+
+
+def unlearn_params(wildcards):
+    """The settings an unlearning job reads: the run's (beta is NPO's alone)
+    and, under the fine grain, its own K instead of the whole sweep (a segment
+    is re-run when what comes before it changes: its input state does)."""
+    cfg = {
+        **unlearn_slice(wildcards.method),
+        "method": wildcards.method,
+        "template": wildcards.template,
+        "seed": int(wildcards.seed),
+        "head_tokens": config["data"]["head_tokens"],
+    }
+    if FINE:
+        cfg["k"] = int(wildcards.k)
+    return canonical(cfg)
+
+
+def probe_slice(kind):
     return {
-        "decode": config_hash(json.loads(probe_params("decode")(None))),
-        "token": config_hash(json.loads(probe_params("teacher_forced")(None))),
+        **config["probes"][kind],
+        "prefills": config["probes"]["prefills"],
+        "head_tokens": config["data"]["head_tokens"],
+    }
+
+
+def probe_hashes():
+    """Per kind of record, the config hash each probe unit's records must
+    carry (probes/units.py): tables refuse others."""
+    return {
+        "decode": unit_hashes(probe_slice("decode")),
+        "token": unit_hashes(probe_slice("teacher_forced")),
     }
 
 
 def probe_params(kind):
+    """A probe job's settings: the whole pass's, or under the fine grain its
+    unit's alone (a new prefill arm changes no other unit's params)."""
+
     def slice_(wildcards):
-        return canonical(
-            {
-                **config["probes"][kind],
-                "prefills": config["probes"]["prefills"],
-                "head_tokens": config["data"]["head_tokens"],
-            }
-        )
+        if FINE:
+            try:
+                return canonical(unit_config(probe_slice(kind), wildcards.unit))
+            except ValueError as err:
+                fail(str(err))
+        return canonical(probe_slice(kind))
 
     return slice_

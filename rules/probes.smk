@@ -1,24 +1,25 @@
-# Probe passes: one decode job and one teacher-forced job per probe group (a
-# memorization adapter with its unlearning checkpoints, or the base model with
-# the hex-canary adapters; see `variants` in common.smk).
-# A job starts Python and torch once and scores every variant of its group,
-# writing one records file whose rows carry each variant's name and weight
-# fingerprint.  Grouping changes nothing that re-runs on a probe-config
-# change (every pass re-runs then), and saves a process start per variant.
+# Probe passes.  Under the coarse grain (the default): one decode job and one
+# teacher-forced job per probe group (a memorization adapter with its
+# unlearning checkpoints, or the base model with the hex-canary adapters; see
+# `variants` in common.smk): a job starts Python and torch once (~6 s) and
+# scores every variant of its group.  Under the fine grain: one job per
+# (variant, probe unit), so a new K or prefill arm runs only its own jobs.
+# Either way a records row names its variant, its weights' fingerprint and
+# the hash of its probe unit's settings, and the records are the same.
 
 
 rule decode_pass:
     input:
         data_files(),
         base_input,
-        group_weights,
-        manifests=group_manifests,
+        probe_weights,
+        manifests=probe_manifests,
     output:
-        f"{R}/records/{{model}}/{{group}}/decode.parquet",
+        records_path("decode"),
     log:
-        f"{R}/logs/{{model}}/decode-{{group}}.log",
+        f"{R}/logs/{{model}}/decode-{probe_job_name()}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/decode_pass-{{group}}.tsv"
+        f"{R}/benchmarks/{{model}}/decode_pass-{probe_job_name()}.tsv"
     conda:
         ENV
     threads: config["threads"]["probe"]
@@ -28,25 +29,26 @@ rule decode_pass:
         cfg=probe_params("decode"),
         model=model_json,
         data=lambda w, input: str(Path(input[0]).parent),
-        sets=group_probe_sets,
+        sets=probe_sets,
+        unit=lambda w: f"--unit {w.unit}" if FINE else "",
     shell:
         "python -m canary_audit decode --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} --out {output} "
-        "--threads {threads} > {log} 2>&1"
+        "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} {params.unit} "
+        "--out {output} --threads {threads} > {log} 2>&1"
 
 
 rule teacher_forced_pass:
     input:
         data_files(),
         base_input,
-        group_weights,
-        manifests=group_manifests,
+        probe_weights,
+        manifests=probe_manifests,
     output:
-        f"{R}/records/{{model}}/{{group}}/token.parquet",
+        records_path("token"),
     log:
-        f"{R}/logs/{{model}}/score-{{group}}.log",
+        f"{R}/logs/{{model}}/score-{probe_job_name()}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/teacher_forced_pass-{{group}}.tsv"
+        f"{R}/benchmarks/{{model}}/teacher_forced_pass-{probe_job_name()}.tsv"
     conda:
         ENV
     threads: config["threads"]["probe"]
@@ -56,8 +58,9 @@ rule teacher_forced_pass:
         cfg=probe_params("teacher_forced"),
         model=model_json,
         data=lambda w, input: str(Path(input[0]).parent),
-        sets=group_probe_sets,
+        sets=probe_sets,
+        unit=lambda w: f"--unit {w.unit}" if FINE else "",
     shell:
         "python -m canary_audit score --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} --out {output} "
-        "--threads {threads} > {log} 2>&1"
+        "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} {params.unit} "
+        "--out {output} --threads {threads} > {log} 2>&1"

@@ -95,12 +95,13 @@ rule unlearn:
         data_files("authors", "qa", "retain"),
         base_input,
         memorized=adapter_dir("{model}", "mem-{template}-s{seed}"),
+        state=previous_state,
     output:
         unlearn_outputs(),
     log:
-        f"{R}/logs/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.log",
+        f"{R}/logs/{{model}}/unlearn-{unlearn_name()}.log",
     benchmark:
-        f"{R}/benchmarks/{{model}}/unlearn-{{method}}-{{template}}-s{{seed}}.tsv"
+        f"{R}/benchmarks/{{model}}/unlearn-{unlearn_name()}.tsv"
     priority: 1
     conda:
         ENV
@@ -108,21 +109,18 @@ rule unlearn:
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(
-            {
-                **unlearn_slice(w.method),
-                "method": w.method,
-                "template": w.template,
-                "seed": int(w.seed),
-                "head_tokens": config["data"]["head_tokens"],
-            }
-        ),
+        cfg=unlearn_params,
         model=model_json,
         data=lambda w, input: str(Path(input[0]).parent),
-        outs=lambda w, output: " ".join(
-            f"{k}={path}" for k, path in zip(config["unlearn"]["k"], output)
+        outs=lambda w, output: (
+            f"{w.k}={output[0]} --state-out {output[1]}"
+            if FINE
+            else " ".join(
+                f"{k}={path}" for k, path in zip(config["unlearn"]["k"], output)
+            )
         ),
+        state_in=lambda w, input: f"--state-in {input.state}" if input.state else "",
     shell:
         "python -m canary_audit unlearn --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --adapter {input.memorized} --out {params.outs} "
+        "--data {params.data} --adapter {input.memorized} --out {params.outs} {params.state_in} "
         "--threads {threads} > {log} 2>&1"

@@ -17,6 +17,7 @@ from canary_audit.probes.passes import (
     span_labels,
     teacher_forced_pass,
 )
+from canary_audit.probes.units import unit_config, unit_of_arm
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +148,28 @@ def test_decode_records_carry_provenance(tiny_assets, spec):
     frame = decode_pass(spec, [], data, cfg, "tiny/base")
     assert set(frame["arm"]) == {"auto", "prefill_bio", "greedy"}
     assert frame["model_fingerprint"].unique().to_list() == [fingerprint(spec)]
-    assert frame["config_hash"].n_unique() == 1
+    # one hash per probe unit: the prefill arm's records and the rest
+    per_unit = frame.group_by(pl.col("arm") == "prefill_bio").agg(pl.col("config_hash").n_unique())
+    assert per_unit["config_hash"].to_list() == [1, 1] and frame["config_hash"].n_unique() == 2
     assert set(frame["stop_reason"]) <= {"eos", "length"}
+
+
+@pytest.mark.parametrize("kind", ["decode", "token"])
+def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets, spec, kind):
+    """The fine job grain runs one probe unit per job with only that unit's
+    settings: its records (provenance included) equal the same unit's rows of
+    a pass over every unit, and a second prefill arm changes neither."""
+    data, _ = tiny_assets
+    run = decode_pass if kind == "decode" else teacher_forced_pass
+    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6, "max_new_tokens": 8,
+           "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
+    whole = run(spec, [], data, cfg, "tiny/base")
+    for unit in ("auto", "bio"):
+        alone = run(spec, [], data, {**unit_config(cfg, unit), "threads": 1}, "tiny/base", unit=unit)
+        expected = whole.filter(pl.col("arm").map_elements(unit_of_arm, return_dtype=pl.Utf8) == unit)
+        assert alone.height and alone.equals(expected), unit
+    fewer = run(spec, [], data, {**cfg, "prefills": {"bio": "{bio_opening}"}}, "tiny/base")
+    assert fewer.equals(whole.filter(pl.col("arm") != "prefill_empty"))
 
 
 def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):

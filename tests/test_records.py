@@ -33,8 +33,11 @@ def test_round_trip_leaves_no_temporary_file(tmp_path):
 def test_mixed_provenance_is_refused(tmp_path):
     path = tmp_path / "token.parquet"
     write_parquet_atomic(to_records([token_row(), token_row(config_hash="other")], "token"), path)
-    with pytest.raises(RecordsError, match="mixes config hashes"):
+    with pytest.raises(RecordsError, match="mixes config hashes within a probe unit"):
         read_records(path, "token")
+    # two units, two hashes: what a pass over every unit writes
+    write_parquet_atomic(to_records([token_row(), token_row(arm="prefill_bio", config_hash="bio")], "token"), path)
+    assert read_records(path, "token").height == 2
 
 
 def test_corrupt_and_truncated_files_are_named(tmp_path):
@@ -58,23 +61,48 @@ def test_wrong_schema_is_refused(tmp_path):
 
 
 def test_tables_refuse_records_from_two_probe_configs(tmp_path):
-    from canary_audit.tables import write_tables
+    """Within one probe unit (here `auto`: the hex records) every file must
+    carry one config hash; two units may differ (probes/units.py)."""
+    from canary_audit.tables import concat_records, write_tables
 
-    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    a, b, c = (tmp_path / f"{n}.parquet" for n in "abc")
     write_parquet_atomic(to_records([token_row()], "token"), a)
     write_parquet_atomic(to_records([token_row(variant="m/w", config_hash="other")], "token"), b)
-    with pytest.raises(RecordsError, match="different probe configurations"):
+    with pytest.raises(RecordsError, match=r"different probe settings: .*a.parquet \(auto: abc\)"):
         write_tables(decode=[], tokens=[a, b], out_dir=tmp_path / "t",
                      cfg={"window_k": 5, "parser": {}, "parents": {}})
+    write_parquet_atomic(to_records([token_row(probe_set="canary", arm="prefill_bio", config_hash="bio")], "token"), c)
+    assert concat_records([a, c], "token").height == 2
 
 
-def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path):
+@pytest.mark.parametrize("expected", [{"auto": "new"}, {"bio": "old"}])
+def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path, expected):
+    """A unit's records with another hash than the config's, or of a unit the
+    config no longer has, are stale."""
     from canary_audit.tables import write_tables
 
     a = tmp_path / "a.parquet"
     write_parquet_atomic(to_records([token_row(config_hash="old")], "token"), a)
-    cfg = {"window_k": 5, "parser": {}, "parents": {}, "expected_hashes": {"token": "new"}}
-    stale = r"another probe configuration than the current one \(new\).*a.parquet \(old\)"
+    cfg = {"window_k": 5, "parser": {}, "parents": {}, "expected_hashes": {"token": expected}}
+    stale = r"other probe settings than the current ones .*a.parquet \(auto: old\).*teacher_forced_pass"
     with pytest.raises(RecordsError, match=stale):
         write_tables(decode=[], tokens=[a], out_dir=tmp_path / "t", cfg=cfg)
     assert not (tmp_path / "t").exists()  # nothing written from stale records
+
+
+def test_probe_unit_settings_are_what_its_records_depend_on():
+    from canary_audit.probes.units import unit_config, unit_of_arm
+
+    cfg = {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6, "threads": 2,
+           "prefills": {"bio": "{bio_opening}", "empty": ""}}
+    assert unit_config(cfg, "bio") == {"max_new_tokens": 8, "head_tokens": 6, "prefills": {"bio": "{bio_opening}"}}
+    assert unit_config(cfg, "auto") == {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6,
+                                        "prefills": {}}
+    for unit in ("auto", "bio", "empty"):  # a job given its unit's slice stamps the same hash
+        assert unit_config(unit_config(cfg, unit), unit) == unit_config(cfg, unit)
+    more = {**cfg, "prefills": {**cfg["prefills"], "swap": "{other_bio}"}}
+    assert all(unit_config(more, u) == unit_config(cfg, u) for u in ("auto", "bio", "empty"))
+    with pytest.raises(ValueError, match="probe unit `meta` is not a prefill arm"):
+        unit_config(cfg, "meta")
+    assert [unit_of_arm(a) for a in ("auto", "greedy", "sampled", "preamble", "prefill_bio")] == [
+        "auto", "auto", "auto", "auto", "bio"]

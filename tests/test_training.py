@@ -143,6 +143,32 @@ def test_killed_unlearning_run_gets_its_earlier_checkpoints_back(tiny_assets, sp
     assert not list((tmp_path / "killed").glob(".*resume*"))
 
 
+@pytest.mark.parametrize("method", ["npo", "graddiff"])
+def test_unlearning_segments_equal_one_run(tiny_assets, spec, memorized, tmp_path, method):
+    """The fine job grain runs one job per K, each continuing from the state the
+    previous K saved: the adapters equal one run's checkpoints bit for bit, and
+    an appended K continues from the last state without redoing earlier steps."""
+    cfg = {**LORA, "method": method, "template": "bio", "beta": 0.1, "loss_span": "answer",
+           "retain_weight": 1.0}
+    whole = {k: tmp_path / "whole" / f"k{k}" for k in (2, 3, 5)}
+    train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "k": [2, 3, 5]}, whole)
+
+    seg, state = tmp_path / "seg", tmp_path / "state"
+    train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "k": 2}, {2: seg / "k2"}, state_out=state / "k2")
+    train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "k": 3}, {3: seg / "k3"},
+                     state_in=state / "k2", state_out=state / "k3")
+    summary = train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "k": 5}, {5: seg / "k5"},
+                               state_in=state / "k3", state_out=state / "k5")
+    assert summary["tokens"] < train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "k": 5},
+                                                {5: tmp_path / "alone" / "k5"})["tokens"]  # 2 steps, not 5
+    assert json.loads((state / "k5" / "state.json").read_text())["step"] == 5
+    for k in (2, 3, 5):
+        a = load_file(whole[k] / "adapter_model.safetensors")
+        b = load_file(seg / f"k{k}" / "adapter_model.safetensors")
+        assert all(torch.equal(a[n], b[n]) for n in a), f"K={k}"
+        assert json.loads((seg / f"k{k}" / "train_summary.json").read_text())["steps"] == k
+
+
 @pytest.fixture(scope="module")
 def canary_run(tiny_assets, spec, tmp_path_factory):
     """A 4-step canary LoRA with its merged base and a 2-step undertrained copy."""

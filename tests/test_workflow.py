@@ -55,7 +55,8 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     records = smoke_run / "results" / "smoke" / "records" / "tiny"
     decode = pl.read_parquet(records / "mem-bio-s0" / "decode.parquet")
     assert set(decode["variant"]) == branch
-    assert decode["config_hash"].n_unique() == 1 and decode["model_fingerprint"].n_unique() == len(branch)
+    # one settings hash per probe unit (auto, and the bio, meta, empty prefills)
+    assert decode["config_hash"].n_unique() == 4 and decode["model_fingerprint"].n_unique() == len(branch)
     base_fp = pl.read_parquet(records / "base" / "decode.parquet")["model_fingerprint"][0]
     assert base_fp not in set(decode["model_fingerprint"])
 
@@ -170,6 +171,87 @@ def test_unlearning_setting_reruns_its_branch_only(smoke_run):
     assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1
 
 
+# The fine job grain on a paper-A-only slice of the smoke audit: one template,
+# NPO with K = 3, 5; variants base, mem-bio-s0, npo-bio-s0-k3, npo-bio-s0-k5,
+# each probed per unit (AUTO and the bio, meta and empty prefill arms).
+FINE = {"grain": "fine", "audit": {"templates": ["bio"], "hex_canaries": False},
+        "unlearn": {"methods": {"npo": ["bio"], "ga": []}}}
+FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5")
+
+
+def merged(base: dict, change: dict) -> dict:
+    """`change` laid over `base` key by key, as Snakemake layers config files."""
+    out = dict(base)
+    for key, value in change.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@pytest.fixture(scope="module")
+def fine_run(smoke_run, tmp_path_factory):
+    """The slice run under the fine grain, in a copy of the finished smoke run
+    whose unlearning adapters are removed (so that the K segments and their
+    training states are made, as in a fresh fine run)."""
+    import shutil
+
+    workdir = tmp_path_factory.mktemp("fine") / "run"
+    shutil.copytree(smoke_run, workdir, symlinks=True)
+    for adapter in (workdir / "results" / "smoke" / "models" / "tiny" / "adapters").glob("[ng][pa]*-k*"):
+        shutil.rmtree(adapter)
+    (workdir / "fine.yaml").write_text(yaml.safe_dump(FINE))
+    run_snakemake(workdir, "--cores", "2", extra_configs=(workdir / "fine.yaml",))
+    return workdir
+
+
+def test_fine_grain_records_equal_the_coarse_runs(fine_run, smoke_run):
+    """One file per (variant, unit), one job each; the K segments' adapters and
+    the records equal the coarse run's (teacher-forced log-probs to float
+    rounding: a unit's sequences meet other batch shapes)."""
+    from polars.testing import assert_frame_equal
+    from safetensors.torch import load_file
+
+    assert planned_jobs(fine_run, FINE) == {}
+    adapters = "results/smoke/models/tiny/adapters"
+    for k in (3, 5):
+        a = load_file(fine_run / adapters / f"npo-bio-s0-k{k}" / "adapter_model.safetensors")
+        b = load_file(smoke_run / adapters / f"npo-bio-s0-k{k}" / "adapter_model.safetensors")
+        assert all((a[n] == b[n]).all() for n in a), k
+    units = fine_run / "results" / "smoke" / "records" / "tiny" / "units"
+    assert {p.parent.relative_to(units).as_posix() for p in units.rglob("decode.parquet")} == {
+        f"{v}/{u}" for v in FINE_VARIANTS for u in ("auto", "bio", "meta", "empty")}
+    coarse = smoke_run / "results" / "smoke" / "records" / "tiny"
+    keys = ["variant", "probe_set", "item_id", "arm", "sample"]
+    for kind, sort in (("decode", keys), ("token", [*keys[:4], "position"])):
+        fine = pl.concat([pl.read_parquet(p) for p in units.rglob(f"{kind}.parquet")]).sort(sort)
+        ref = pl.concat([pl.read_parquet(p) for p in coarse.glob(f"*/{kind}.parquet")])
+        ref = ref.filter(pl.col("variant").is_in([f"tiny/{v}" for v in FINE_VARIANTS])).sort(sort)
+        assert_frame_equal(fine, ref, abs_tol=1e-5 if kind == "token" else 0, rel_tol=0)
+
+
+def test_fine_grain_new_or_changed_prefill_arm_runs_only_its_jobs(fine_run):
+    jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": {"swap": "{other_bio}"}}}))
+    n = len(FINE_VARIANTS)  # one decode and one teacher-forced job per variant for the new arm
+    assert jobs == {"decode_pass": n, "teacher_forced_pass": n, "tables": 1, "plots": 1, "all": 1}
+    # and a changed prefill text re-runs that arm's jobs alone
+    assert planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": {"meta": "I recall the writer."}}})) == jobs
+
+
+def test_fine_grain_new_k_runs_only_its_jobs(fine_run):
+    """An appended K is one segment from the last K's state and the new
+    variant's probe jobs; a K inserted before the last also re-runs the
+    segments after it (their starting state changed)."""
+    jobs = planned_jobs(fine_run, merged(FINE, {"unlearn": {"k": [3, 5, 8]}}))
+    assert jobs == {"unlearn": 1, "variant_manifest": 1, "decode_pass": 4, "teacher_forced_pass": 4,
+                    "tables": 1, "plots": 1, "all": 1}
+    inserted = planned_jobs(fine_run, merged(FINE, {"unlearn": {"k": [3, 4, 5]}}))
+    assert inserted["unlearn"] == 2 and inserted["decode_pass"] == 8  # K=4 new, K=5 from K=4's state
+
+
+def test_fine_grain_hex_sampling_reruns_only_the_auto_units(fine_run):
+    jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"decode": {"hit_k": 4}}}))
+    assert jobs == {"decode_pass": len(FINE_VARIANTS), "tables": 1, "plots": 1, "all": 1}
+
+
 def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     """configs/paper_a.yaml, its two 7-8B paths pointed at a tiny local
     checkpoint: 2 models x 2 seeds x 3 templates, NPO on each template and GA
@@ -234,6 +316,8 @@ def test_unknown_model_path_is_named(smoke_run, tmp_path):
 @pytest.mark.parametrize("override,message", [
     ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
     ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
+    ({"probes": {"prefills": {"auto": "x"}}}, "`probes.prefills.auto`: `auto` names the arm where the model writes"),
+    ({"grain": "per-job"}, "'per-job' is not one of ['coarse', 'fine']"),
     ({"unlearn": {"k": [0]}}, "0 is less than the minimum of 1"),
     ({"unlearn": {"methods": {"ga": ["meta"]}}}, "`unlearn.methods.ga` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),

@@ -73,7 +73,9 @@ def cmd_unlearn(args, params):
 
     outs = {int(k): Path(p) for k, p in (o.split("=", 1) for o in args.out)}
     return train_unlearning(
-        _spec(args), Path(args.adapter), Path(args.data), {**params, "threads": args.threads}, outs
+        _spec(args), Path(args.adapter), Path(args.data), {**params, "threads": args.threads}, outs,
+        state_in=Path(args.state_in) if args.state_in else None,
+        state_out=Path(args.state_out) if args.state_out else None,
     )
 
 
@@ -115,7 +117,7 @@ def _run_pass(args, params, run):
         t0 = time.perf_counter()
         spec = dataclasses.replace(_spec(args), path=Path(base))
         frames.append(run(spec, adapters, Path(args.data), {**params, "threads": args.threads}, variant,
-                          merged=merged, probe_sets=sets))
+                          merged=merged, probe_sets=sets, unit=args.unit))
         elapsed = time.perf_counter() - start
         log.info("variant %d/%d %s: %d records in %.1fs (eta %.0fs)", i, len(variants), variant,
                  frames[-1].height, time.perf_counter() - t0, elapsed / i * (len(variants) - i))
@@ -171,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="the model entry, as JSON (name, path, dtype, think tags)")
     p.add_argument("--data", help="synthetic data folder")
     p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
+    p.add_argument("--state-in", help="training state of the previous unlearning segment (fine job grain)")
+    p.add_argument("--state-out", help="where an unlearning segment saves its final training state")
+    p.add_argument("--unit", help="probe unit a pass runs alone: auto or a prefill arm (fine job grain)")
     p.add_argument("--adapters", nargs="*", default=[], help="adapter stack of a variant")
     p.add_argument("--variant", help="variant name")
     p.add_argument("--apply", choices=("stacked", "merged"), default="stacked",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import HEX_SETS, RecordsError, read_records
+from canary_audit.records import HEX_SETS, RecordsError, read_records, unit_hashes
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.paper_a import Bootstrap
@@ -26,28 +26,31 @@ def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
     return "\n".join([header, rule, *rows]) + "\n"
 
 
-def concat_records(paths: list[Path], kind: str, expected: str | None = None) -> pl.DataFrame:
-    """All records of one kind; files written under different probe configs
-    are refused, since a table over them would compare unlike things, and so
-    is any file whose config hash is not the `expected` one (the hash of the
-    probe config the workflow is tabulating)."""
+def concat_records(paths: list[Path], kind: str, expected: dict[str, str] | None = None) -> pl.DataFrame:
+    """All records of one kind.  Each probe unit's records must carry one
+    config hash across all files (else a table would compare unlike things)
+    and, given `expected` (probe unit -> the hash of the settings the
+    workflow is tabulating), that one."""
     if not paths:
         return pl.DataFrame()
     frames = {p: read_records(p, kind) for p in paths}
-    hashes = {p: f["config_hash"][0] for p, f in frames.items() if f.height}
-    stale = {p: h for p, h in hashes.items() if expected is not None and h != expected}
-    if stale:
-        listing = ", ".join(f"{p} ({h})" for p, h in stale.items())
+    found = pl.concat([unit_hashes(f).with_columns(path=pl.lit(str(p))) for p, f in frames.items()])
+    rerun = f"`snakemake -R {'decode_pass' if kind == 'decode' else 'teacher_forced_pass'}`"
+    if expected is not None:
+        current = pl.col("unit").replace_strict(expected, default=None)  # null: a unit the config does not have
+        stale = found.filter((pl.col("config_hash") != current).fill_null(True))
+        if stale.height:
+            listing = ", ".join(f"{p} ({u}: {h})" for u, h, p in stale.rows())
+            raise RecordsError(
+                f"{kind} records were written under other probe settings than the current ones "
+                f"({expected}): {listing}; re-run their probe passes ({rerun}) before tabulating"
+            )
+    mixed = found.filter(pl.col("config_hash").n_unique().over("unit") > 1)
+    if mixed.height:
+        listing = ", ".join(f"{p} ({u}: {h})" for u, h, p in mixed.rows())
         raise RecordsError(
-            f"{kind} records were written under another probe configuration than the current one "
-            f"({expected}): {listing}; re-run their probe passes (`snakemake -R "
-            f"{'decode_pass' if kind == 'decode' else 'teacher_forced_pass'}`) before tabulating"
-        )
-    if len(set(hashes.values())) > 1:
-        listing = ", ".join(f"{p} ({h})" for p, h in hashes.items())
-        raise RecordsError(
-            f"{kind} records come from different probe configurations: {listing}; re-run the "
-            "stale probe passes (snakemake does this when the config changed) before tabulating"
+            f"{kind} records come from different probe settings: {listing}; re-run the stale probe "
+            f"passes ({rerun}; snakemake does this when the config changed) before tabulating"
         )
     return pl.concat(frames.values())
 

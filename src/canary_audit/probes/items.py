@@ -18,6 +18,7 @@ from canary_audit.data.io import load_authors
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question
 from canary_audit.model.tokens import canary_head
+from canary_audit.probes.units import AUTO, unit_of_arm
 from canary_audit.records import HEX_SETS
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
@@ -59,7 +60,12 @@ def bio_opening(author: Author) -> str:
 
 
 def check_prefill_templates(prefills: dict[str, str]) -> None:
-    """Refuse a prefill template naming a field the authors do not have."""
+    """Refuse a prefill template naming a field the authors do not have, and a
+    prefill named like the model's own trace (its records would share the
+    AUTO unit's)."""
+    if AUTO in prefills:
+        raise ValueError(f"config key `probes.prefills.{AUTO}`: `{AUTO}` names the arm where the model writes its "
+                         "own trace; rename this prefill arm")
     for name, template in prefills.items():
         for _, fname, _, _ in string.Formatter().parse(template):
             if fname is not None and fname not in PREFILL_FIELDS:
@@ -96,9 +102,16 @@ def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:
     return probe_set in probe_sets or ("hex" in probe_sets and probe_set in HEX_SETS)
 
 
-def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None) -> list[DecodeItem]:
+def in_unit(items: list, unit: str | None) -> list:
+    """The items of one probe unit (units.py); all of them for None."""
+    return items if unit is None else [it for it in items if unit_of_arm(it.arm) == unit]
+
+
+def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
+                 unit: str | None = None) -> list[DecodeItem]:
     """Canary probes and author QA under every arm; retain QA and hex canaries
-    once; only the probe sets asked for (see `wanted`)."""
+    once; only the probe sets asked for (see `wanted`) and, given a unit,
+    only that unit's items."""
     check_prefill_templates(cfg["prefills"])
     head_tokens = cfg["head_tokens"]
     roster = load_authors(data_dir / "authors.parquet")
@@ -122,17 +135,18 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
         # the next word (" TEXTCAN"), so a prompt ending in a bare space would
         # end on a token the model never saw there.
         items.append(DecodeItem("hex", cid, cid, "greedy", _bos(fmt) + preamble.rstrip(), secret))
-    return items
+    return in_unit(items, unit)
 
 
 def _bos(fmt: ChatFormat) -> str:
     return fmt.tokenizer.bos_token or ""
 
 
-def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None) -> list[ScoredItem]:
+def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
+                 unit: str | None = None) -> list[ScoredItem]:
     """Teacher-forced sequences: each author canary after its head under every
     prefill arm, and each hex canary and decoy behind its preamble; only the
-    probe sets asked for (see `wanted`)."""
+    probe sets asked for (see `wanted`) and, given a unit, only its items."""
     check_prefill_templates(cfg["prefills"])
     items: list[ScoredItem] = []
     roster = load_authors(data_dir / "authors.parquet")
@@ -169,4 +183,4 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
             {"prompt": (0, start), "head": (start, s0), "secret": (s0, s0 + len(secret)),
              "continuation": (s0 + len(secret), len(text))},
         ))
-    return items
+    return in_unit(items, unit)

@@ -20,17 +20,28 @@ from canary_audit.model.embedded import pad_batch
 from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
+from canary_audit.probes.units import probe_units, unit_config, unit_of_arm
 from canary_audit.records import config_hash, conform, to_records
 
 log = logging.getLogger(__name__)
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
 
 
-def provenance_of(spec: ModelSpec, adapters: list[Path], cfg: dict, merged: bool = False) -> dict[str, str]:
-    """The hash of the pass's config slice (thread count excluded: it is not
-    part of what was asked) and the fingerprint of the weights."""
-    asked = {k: v for k, v in cfg.items() if k != "threads"}
-    return {"config_hash": config_hash(asked), "model_fingerprint": fingerprint(spec, adapters, merged)}
+def unit_hashes(cfg: dict) -> dict[str, str]:
+    """Probe unit -> the hash of the settings its records depend on (thread
+    count excluded: it is not part of what was asked); see units.py."""
+    return {u: config_hash(unit_config(cfg, u)) for u in probe_units(cfg.get("prefills", {}))}
+
+
+def stamp(frame: pl.DataFrame, cfg: dict, spec: ModelSpec, adapters: list[Path], merged: bool) -> pl.DataFrame:
+    """Provenance on every record: its unit's config hash and the fingerprint
+    of the weights."""
+    hashes = unit_hashes(cfg)
+    by_arm = {arm: hashes[unit_of_arm(arm)] for arm in frame["arm"].unique().to_list()}
+    return frame.with_columns(
+        config_hash=pl.col("arm").replace_strict(by_arm, return_dtype=pl.Utf8),
+        model_fingerprint=pl.lit(fingerprint(spec, adapters, merged)),
+    )
 
 
 def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -121,13 +132,13 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
 
 
 def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
-                merged: bool = False, probe_sets: set[str] | None = None):
+                merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None):
     import torch
 
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets)
+    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets, unit)
     model = load_model(spec, adapters, merge_all=merged)
     t0 = time.perf_counter()
     # Hex records are short (`TEXTCAN-{16hex}-END`): their decodes get their
@@ -149,7 +160,6 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
         decoded += [(it, "sampled", j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
                     for j, out in enumerate(outs_k)]
-    provenance = provenance_of(spec, adapters, cfg, merged)
     rows = []
     for it, arm, sample, (ids, hit_eos), prompt_ids in decoded:
         rows.append({
@@ -159,9 +169,9 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
             "generated": tok.decode(ids, skip_special_tokens=False),
             "prompt_tokens": len(prompt_ids), "generated_tokens": len(ids) + int(hit_eos),
             "stop_reason": "eos" if hit_eos else "length",
-            "think_open": spec.think_open, "think_close": spec.think_close, **provenance,
+            "think_open": spec.think_open, "think_close": spec.think_close,
         })
-    return to_records(rows, "decode")
+    return conform(stamp(to_records(rows, "decode"), cfg, spec, adapters, merged), "decode")
 
 
 def span_labels(offsets, spans: dict[str, tuple[int, int]]):
@@ -233,17 +243,15 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
-                        merged: bool = False, probe_sets: set[str] | None = None):
+                        merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None):
     import torch
 
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items = scored_items(fmt, data_dir, cfg, probe_sets)
+    items = scored_items(fmt, data_dir, cfg, probe_sets, unit)
     model = load_model(spec, adapters, merge_all=merged)
     t0 = time.perf_counter()
     scored = score_tokens(model, tok, items, cfg["batch_size"])
     log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), scored.height, time.perf_counter() - t0)
-    provenance = provenance_of(spec, adapters, cfg, merged)
-    frame = scored.with_columns(variant=pl.lit(variant), **{k: pl.lit(v) for k, v in provenance.items()})
-    return conform(frame, "token")
+    return conform(stamp(scored.with_columns(variant=pl.lit(variant)), cfg, spec, adapters, merged), "token")

@@ -122,6 +122,7 @@ def train_loop(
     decay: bool = True,
     resume: ResumeState | None = None,
     stats: dict | None = None,
+    final_state: ResumeState | None = None,
 ) -> list[float]:
     """Run `cfg['steps']` AdamW steps over the trainable parameters.
 
@@ -132,8 +133,10 @@ def train_loop(
     unlearning runs at a constant rate so checkpoint K means K equal steps.
     With `resume`, the run saves its state every `resume.every` steps and
     starts from the last saved step (train/resume.py); the caller removes the
-    state once its outputs are written.  `stats`, if given, receives the
-    throughput of this process's steps (tokens, seconds, tokens per second).
+    state once its outputs are written.  `final_state`, if given, receives
+    the state after the last step (what a later segment continues from).
+    `stats`, if given, receives the throughput of this process's steps
+    (tokens, seconds, tokens per second).
     """
     import torch
 
@@ -177,6 +180,8 @@ def train_loop(
             on_checkpoint(step)
         if resume and step % resume.every == 0 and step < steps:
             resume.save(step, model, opt, gen, losses)
+    if final_state is not None:
+        final_state.save(steps, model, opt, gen, losses)
     model.eval()
     elapsed = time.perf_counter() - t0
     if stats is not None:
