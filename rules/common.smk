@@ -333,12 +333,19 @@ def group_weights(wildcards):
     )
 
 
+AUTHOR_SETS = "canary qa retain"
+
+
 def probe_sets_of(group):
-    """bSFT groups run the hex-canary probes only (paper B's cells are judged
-    on them), and so does every group of an audit without paper A's
-    templates; every other group runs every probe set."""
-    paper_a = bool(config["audit"]["templates"])
-    return "all" if paper_a and not group.startswith("bsft-") else "hex"
+    """The probe sets a group runs.  bSFT groups run the hex-canary probes
+    only (paper B's cells are judged on them), and so does every group of an
+    audit without paper A's templates; a memorization group (its adapter and
+    unlearning checkpoints, which never saw a hex canary) runs the author and
+    retain probes only; the base group, the parent of both papers' variants
+    and home of the hex-canary adapters, runs all of them."""
+    if not config["audit"]["templates"] or group.startswith("bsft-"):
+        return "hex"
+    return "all" if group == "base" else AUTHOR_SETS
 
 
 def probe_sets(wildcards):
@@ -348,12 +355,14 @@ def probe_sets(wildcards):
     return probe_sets_of(wildcards.group)
 
 
-def variant_units(model, variant):
-    """The probe units of a variant under the fine grain: AUTO, and each
-    prefill arm where its group runs paper A's author probes."""
-    group = variants(model)[variant].group
-    prefills = config["probes"]["prefills"] if probe_sets_of(group) == "all" else {}
-    return [AUTO, *sorted(prefills)]
+def variant_units(model, variant, kind):
+    """The probe units of a variant's `kind` records under the fine grain:
+    AUTO (for teacher-forced records: the hex canaries and decoys) where its
+    group runs it, and each prefill arm where it runs the author probes."""
+    sets = probe_sets_of(variants(model)[variant].group)
+    prefills = sorted(config["probes"]["prefills"]) if sets != "hex" else []
+    auto = [AUTO] if kind == "decode" or sets != AUTHOR_SETS else []
+    return [*auto, *prefills]
 
 
 def probe_manifests(wildcards):
@@ -366,11 +375,7 @@ def probe_manifests(wildcards):
 
 def probe_weights(wildcards):
     """The adapters and DAG-made base weights (merged bases) a probe job reads."""
-    if not FINE:
-        return group_weights(wildcards)
-    entry = variant_entry(wildcards)
-    made = [entry.base] if entry.base != model_path(wildcards.model) else []
-    return sorted({*made, *entry.adapters})
+    return variant_inputs(wildcards) if FINE else group_weights(wildcards)
 
 
 def records_path(kind):
@@ -408,7 +413,7 @@ def all_records(kind):
             f"{R}/records/{m}/units/{v}/{u}/{kind}.parquet"
             for m in config["audit"]["models"]
             for v in variants(m)
-            for u in variant_units(m, v)
+            for u in variant_units(m, v, kind)
         ]
     return [
         f"{R}/records/{m}/{g}/{kind}.parquet"

@@ -55,6 +55,10 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     records = smoke_run / "results" / "smoke" / "records" / "tiny"
     decode = pl.read_parquet(records / "mem-bio-s0" / "decode.parquet")
     assert set(decode["variant"]) == branch
+    # a memorization group runs the author and retain probes only: its adapters never saw a hex canary
+    assert set(decode["probe_set"]) == {"canary", "qa", "retain"}
+    assert set(pl.read_parquet(records / "mem-bio-s0" / "token.parquet")["probe_set"]) == {"canary"}
+    assert {"hex", "canary"} <= set(pl.read_parquet(records / "base" / "decode.parquet")["probe_set"])
     # one settings hash per probe unit (auto, and the bio, meta, empty prefills)
     assert decode["config_hash"].n_unique() == 4 and decode["model_fingerprint"].n_unique() == len(branch)
     base_fp = pl.read_parquet(records / "base" / "decode.parquet")["model_fingerprint"][0]
