@@ -17,7 +17,7 @@ from canary_audit.probes.passes import (
     span_labels,
     teacher_forced_pass,
 )
-from canary_audit.probes.units import unit_config, unit_of_arm
+from canary_audit.probes.units import unit_config, unit_of_arm_expr
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets
     whole = run(spec, [], data, cfg, "tiny/base")
     for unit in ("auto", "bio"):
         alone = run(spec, [], data, {**unit_config(cfg, unit), "threads": 1}, "tiny/base", unit=unit)
-        expected = whole.filter(pl.col("arm").map_elements(unit_of_arm, return_dtype=pl.Utf8) == unit)
+        expected = whole.filter(unit_of_arm_expr() == unit)
         assert alone.height and alone.equals(expected), unit
     fewer = run(spec, [], data, {**cfg, "prefills": {"bio": "{bio_opening}"}}, "tiny/base")
     assert fewer.equals(whole.filter(pl.col("arm") != "prefill_empty"))

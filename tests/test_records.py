@@ -91,7 +91,7 @@ def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path
 
 
 def test_probe_unit_settings_are_what_its_records_depend_on():
-    from canary_audit.probes.units import unit_config, unit_of_arm
+    from canary_audit.probes.units import unit_config, unit_of_arm, unit_of_arm_expr
 
     cfg = {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6, "threads": 2,
            "prefills": {"bio": "{bio_opening}", "empty": ""}}
@@ -104,5 +104,6 @@ def test_probe_unit_settings_are_what_its_records_depend_on():
     assert all(unit_config(more, u) == unit_config(cfg, u) for u in ("auto", "bio", "empty"))
     with pytest.raises(ValueError, match="probe unit `meta` is not a prefill arm"):
         unit_config(cfg, "meta")
-    assert [unit_of_arm(a) for a in ("auto", "greedy", "sampled", "preamble", "prefill_bio")] == [
-        "auto", "auto", "auto", "auto", "bio"]
+    arms = ["auto", "greedy", "sampled", "preamble", "prefill_bio", "prefill_x_y"]
+    assert [unit_of_arm(a) for a in arms] == ["auto", "auto", "auto", "auto", "bio", "x_y"]
+    assert pl.DataFrame({"arm": arms}).select(unit_of_arm_expr())["arm"].to_list() == list(map(unit_of_arm, arms))

@@ -245,7 +245,9 @@ def test_fine_grain_new_k_runs_only_its_jobs(fine_run):
     variant's probe jobs; a K inserted before the last also re-runs the
     segments after it (their starting state changed)."""
     jobs = planned_jobs(fine_run, merged(FINE, {"unlearn": {"k": [3, 5, 8]}}))
-    assert jobs == {"unlearn": 1, "variant_manifest": 1, "decode_pass": 4, "teacher_forced_pass": 4,
+    # the new variant's units: decode auto + 3 prefill arms; teacher-forced the 3 arms (a memorization
+    # group's variant has no hex probes, so no teacher-forced AUTO unit)
+    assert jobs == {"unlearn": 1, "variant_manifest": 1, "decode_pass": 4, "teacher_forced_pass": 3,
                     "tables": 1, "plots": 1, "all": 1}
     inserted = planned_jobs(fine_run, merged(FINE, {"unlearn": {"k": [3, 4, 5]}}))
     assert inserted["unlearn"] == 2 and inserted["decode_pass"] == 8  # K=4 new, K=5 from K=4's state

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.probes.units import AUTO, PREFILL
+from canary_audit.probes.units import unit_of_arm_expr
 
 PROVENANCE = {"config_hash": pl.Utf8, "model_fingerprint": pl.Utf8}
 
@@ -118,16 +118,14 @@ def read_records(path: Path, kind: str) -> pl.DataFrame:
             f"records file `{path}` does not match the {kind} schema "
             f"(missing: {missing}, wrong type: {wrong}); re-run the probe pass that writes it"
         )
-    mixed = unit_hashes(frame).filter(pl.len().over("unit") > 1)
+    mixed = hashes_by_unit(frame).filter(pl.len().over("unit") > 1)
     if mixed.height:
         raise RecordsError(f"records file `{path}` mixes config hashes within a probe unit: "
                            f"{mixed.rows()}; re-run the probe pass that writes it")
     return frame.select(list(schema))
 
 
-def unit_hashes(frame: pl.DataFrame) -> pl.DataFrame:
+def hashes_by_unit(frame: pl.DataFrame) -> pl.DataFrame:
     """The distinct (probe unit, config hash) pairs of records: each unit's
     records carry the hash of the settings that unit reads (probes/units.py)."""
-    unit = (pl.when(pl.col("arm").str.starts_with(PREFILL))
-            .then(pl.col("arm").str.strip_prefix(PREFILL)).otherwise(pl.lit(AUTO)))
-    return frame.select(unit.alias("unit"), "config_hash").unique().sort("unit", "config_hash")
+    return frame.select(unit_of_arm_expr().alias("unit"), "config_hash").unique().sort("unit", "config_hash")

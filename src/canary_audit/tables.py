@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import HEX_SETS, RecordsError, read_records, unit_hashes
+from canary_audit.records import HEX_SETS, RecordsError, hashes_by_unit, read_records
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.paper_a import Bootstrap
@@ -34,7 +34,7 @@ def concat_records(paths: list[Path], kind: str, expected: dict[str, str] | None
     if not paths:
         return pl.DataFrame()
     frames = {p: read_records(p, kind) for p in paths}
-    found = pl.concat([unit_hashes(f).with_columns(path=pl.lit(str(p))) for p, f in frames.items()])
+    found = pl.concat([hashes_by_unit(f).with_columns(path=pl.lit(str(p))) for p, f in frames.items()])
     rerun = f"`snakemake -R {'decode_pass' if kind == 'decode' else 'teacher_forced_pass'}`"
     if expected is not None:
         current = pl.col("unit").replace_strict(expected, default=None)  # null: a unit the config does not have

@@ -20,7 +20,7 @@ from canary_audit.model.embedded import pad_batch
 from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
-from canary_audit.probes.units import probe_units, unit_config, unit_of_arm
+from canary_audit.probes.units import probe_units, unit_config, unit_of_arm_expr
 from canary_audit.records import config_hash, conform, to_records
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,8 @@ def unit_hashes(cfg: dict) -> dict[str, str]:
 def stamp(frame: pl.DataFrame, cfg: dict, spec: ModelSpec, adapters: list[Path], merged: bool) -> pl.DataFrame:
     """Provenance on every record: its unit's config hash and the fingerprint
     of the weights."""
-    hashes = unit_hashes(cfg)
-    by_arm = {arm: hashes[unit_of_arm(arm)] for arm in frame["arm"].unique().to_list()}
     return frame.with_columns(
-        config_hash=pl.col("arm").replace_strict(by_arm, return_dtype=pl.Utf8),
+        config_hash=unit_of_arm_expr().replace_strict(unit_hashes(cfg), return_dtype=pl.Utf8),
         model_fingerprint=pl.lit(fingerprint(spec, adapters, merged)),
     )
 

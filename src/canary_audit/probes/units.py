@@ -14,6 +14,8 @@ the whole probe config, so that
 
 from __future__ import annotations
 
+import polars as pl
+
 AUTO = "auto"
 PREFILL = "prefill_"
 # Decode settings only the hex probes read (the `auto` unit): changing them
@@ -24,6 +26,12 @@ HEX_ONLY = frozenset({"hit_k", "temperature", "sample_seed", "hex_max_new_tokens
 def unit_of_arm(arm: str) -> str:
     """The unit a record's arm belongs to (`prefill_bio` -> `bio`)."""
     return arm.removeprefix(PREFILL) if arm.startswith(PREFILL) else AUTO
+
+
+def unit_of_arm_expr(arm: str = "arm") -> pl.Expr:
+    """`unit_of_arm` as a polars expression over a column of arms."""
+    return (pl.when(pl.col(arm).str.starts_with(PREFILL))
+            .then(pl.col(arm).str.strip_prefix(PREFILL)).otherwise(pl.lit(AUTO)))
 
 
 def probe_units(prefills: dict[str, str]) -> list[str]:
