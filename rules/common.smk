@@ -367,8 +367,7 @@ def variant_units(model, variant, kind):
 
 def probe_manifests(wildcards):
     """The variant manifests a probe job reads: its group's, or its variant's."""
-    if FINE:
-        variant_entry(wildcards)  # names an unknown variant
+    if FINE:  # an unknown variant is named by probe_weights (variant_entry)
         return [f"{R}/variants/{wildcards.model}/{wildcards.variant}.json"]
     return group_manifests(wildcards)
 

@@ -220,6 +220,8 @@ def test_fine_grain_records_equal_the_coarse_runs(fine_run, smoke_run):
         a = load_file(fine_run / adapters / f"npo-bio-s0-k{k}" / "adapter_model.safetensors")
         b = load_file(smoke_run / adapters / f"npo-bio-s0-k{k}" / "adapter_model.safetensors")
         assert all((a[n] == b[n]).all() for n in a), k
+    logs = fine_run / "results" / "smoke" / "logs" / "tiny"
+    assert "resuming training from step 3" in (logs / "unlearn-npo-bio-s0-k5.log").read_text()  # a segment
     units = fine_run / "results" / "smoke" / "records" / "tiny" / "units"
     assert {p.parent.relative_to(units).as_posix() for p in units.rglob("decode.parquet")} == {
         f"{v}/{u}" for v in FINE_VARIANTS for u in ("auto", "bio", "meta", "empty")}
