@@ -108,24 +108,36 @@ def test_greedy_pass_equals_generate_when_rows_finish_at_different_steps(spec):
 
 
 def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
+    """Every item, padded rows of a batch included (the pass forwards right-
+    padded batches without a padding mask), equals its own unpadded forward."""
     data, _ = tiny_assets
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, "<think>", "</think>")
     model = load_model(spec)
     items = scored_items(fmt, data, {"prefills": {"empty": ""}, "head_tokens": 6})
     rows = score_tokens(model, tok, items, batch_size=3).to_dicts()
+    lengths = set()
+    for item in items:
+        ids = tok(item.text, add_special_tokens=False)["input_ids"]
+        lengths.add(len(ids))
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        mine = [r for r in rows if (r["item_id"], r["arm"], r["probe_set"]) == (item.item_id, item.arm,
+                                                                               item.probe_set)]
+        assert [r["position"] for r in mine] == list(range(1, len(ids)))
+        for r in mine:
+            p = r["position"]
+            assert r["logprob"] == pytest.approx(logp[p - 1, ids[p]].item(), abs=1e-5)
+            assert r["top1_logprob"] == pytest.approx(logp[p - 1].max().item(), abs=1e-5)
+            # The untrained model's logits nearly tie: rank and top-1 are
+            # checked up to float noise between a batched and a lone forward.
+            target = logp[p - 1, ids[p]]
+            assert int((logp[p - 1] > target + 1e-5).sum()) < r["rank"] <= int((logp[p - 1] > target - 1e-5).sum()) + 1
+            assert logp[p - 1, r["top1_id"]].item() == pytest.approx(logp[p - 1].max().item(), abs=1e-5)
+    assert len(lengths) > 1  # batches held rows of different lengths, so some were padded
     first = items[0]
-    ids = tok(first.text, add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
     mine = [r for r in rows if r["item_id"] == first.item_id and r["arm"] == first.arm
             and r["probe_set"] == first.probe_set]
-    assert [r["position"] for r in mine] == list(range(1, len(ids)))
-    for r in mine:
-        p = r["position"]
-        assert r["logprob"] == pytest.approx(logp[p - 1, ids[p]].item(), abs=1e-5)
-        assert r["rank"] == int((logp[p - 1] > logp[p - 1, ids[p]]).sum()) + 1
-        assert r["top1_id"] == int(logp[p - 1].argmax())
     secret = "".join(r["token_text"] for r in mine if r["span"] == "secret")
     assert secret  # the canary continuation is labelled
     hex_rows = [r for r in rows if r["probe_set"] == "hex" and r["item_id"] == "hex00"]
