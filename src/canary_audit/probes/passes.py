@@ -206,14 +206,14 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
     for batch in length_sorted_batches([len(ids) for ids in ids_all], batch_size):
         padded = pad_batch([ids_all[i] for i in batch], tokenizer.pad_token_id, side="right", device=model.device)
         with torch.no_grad():
-            # Right padding needs no mask in a causal model: a real token never
-            # attends to the pads after it.  An all-ones mask lets attention
-            # take its causal kernel instead of a materialized padding mask.
+            # Right padding needs no padding mask in a causal model: a real
+            # token never attends to the pads after it, and the pads' own
+            # positions are cut off below (tested against unpadded forwards).
             ids = padded["input_ids"]
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
             # No vocabulary-sized log-softmax is kept: the log-prob is logit -
-            # logsumexp, the logsumexp reuses the top-1 maximum (one pass over
-            # the vocabulary fewer than `logsumexp`), and rank and top-1
+            # logsumexp, the logsumexp is shifted by the top-1 maximum already
+            # computed (not found again inside `logsumexp`), and rank and top-1
             # compare raw logits (the rank count summed as int32: 4-5x faster
             # than torch's int64 sum).
             scores = logits[:, :-1].float()
