@@ -18,6 +18,18 @@ include: "rules/probes.smk"
 include: "rules/tables.smk"
 
 
+onstart:
+    start_warm_server()
+
+
+onsuccess:
+    stop_warm_server()
+
+
+onerror:
+    stop_warm_server()
+
+
 localrules:
     all,
 

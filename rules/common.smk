@@ -4,11 +4,15 @@
 # change touches and nothing else.
 
 import json
+import os
+import shutil
+import tempfile
 from collections import namedtuple
 from pathlib import Path
 
 from snakemake.utils import validate
 
+from canary_audit import warm
 from canary_audit.data.io import DATA_TABLES
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
@@ -605,3 +609,43 @@ def probe_params(kind):
         return canonical(probe_slice(kind))
 
     return slice_
+
+
+# Rules whose jobs load a model: their start-up is mostly imports, which the
+# warm start (src/canary_audit/warm.py) pays once per run instead.
+MODEL_RULES = {
+    "embedded_base",
+    "memorize",
+    "canary_lora",
+    "bsft",
+    "unlearn",
+    "decode_pass",
+    "teacher_forced_pass",
+}
+
+
+# The socket of the warm-start server this Snakemake process started, if any.
+WARM_SOCKET = []
+
+
+def start_warm_server():
+    """Start the warm-start server when this run executes model jobs on this
+    machine; jobs find it through the environment they inherit.  (Jobs that
+    Snakemake spawns remotely run with --no-hooks: no server there.)"""
+    wanted = config["warm_start"] and warm.supported() and workflow.local_exec
+    if not wanted or workflow.touch:
+        return
+    if not any(job.rule.name in MODEL_RULES for job in workflow.dag.needrun_jobs()):
+        return
+    sock = Path(tempfile.mkdtemp(prefix="canary-warm-")) / "server.sock"
+    warm.start(sock, Path(R) / "logs" / "warm_start.log")
+    os.environ[warm.ENV_VAR] = str(sock)
+    WARM_SOCKET.append(sock)
+
+
+def stop_warm_server():
+    while WARM_SOCKET:
+        sock = WARM_SOCKET.pop()
+        warm.stop(sock)
+        shutil.rmtree(sock.parent, ignore_errors=True)
+        os.environ.pop(warm.ENV_VAR, None)

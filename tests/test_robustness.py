@@ -27,8 +27,13 @@ def records(workdir):
 
 def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
     """Same seeds, same config, fresh work dir: identical decode records and
-    bitwise-identical token records (log-probs, ranks) and weight fingerprints."""
-    run_snakemake(tmp_path, "--cores", "2")
+    bitwise-identical token records (log-probs, ranks) and weight fingerprints.
+    The second run starts every job cold (`warm_start: false`), the first
+    forked them from the warm server: the warm start changes no record."""
+    cold = tmp_path / "cold.yaml"
+    cold.write_text("warm_start: false\n")
+    run_snakemake(tmp_path, "--cores", "2", extra_configs=(cold,))
+    assert "warm start" not in (tmp_path / "results" / "smoke" / "logs" / "tiny" / "memorize-bio-s0.log").read_text()
     first, second = records(smoke_run), records(tmp_path)
     assert first.keys() == second.keys() and len(first) == 8  # 4 probe groups x 2 passes
     for name, frame in first.items():
@@ -39,7 +44,10 @@ def test_killed_job_is_not_mistaken_for_finished(smoke_run, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(smoke_run, work, ignore=shutil.ignore_patterns("override.yaml", "bad.yaml"))
     extra = tmp_path / "graddiff.yaml"
-    extra.write_text(yaml.safe_dump({"unlearn": {"methods": {"graddiff": ["bio"]}}}))
+    # Cold start: the kill must land inside the job, before its outputs, and a
+    # warm-started job finishes within the wait below (test_warm.py kills
+    # warm-started jobs).
+    extra.write_text(yaml.safe_dump({"unlearn": {"methods": {"graddiff": ["bio"]}}, "warm_start": False}))
     configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"), str(extra)]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
            "--configfile", *configs, "--cores", "1"]

@@ -129,6 +129,13 @@ def test_nothing_to_do_after_a_finished_run(smoke_run):
     assert planned_jobs(smoke_run) == {}
 
 
+def test_warm_start_is_not_a_rerun_trigger(smoke_run):
+    # the smoke run was warm-started: its model jobs forked from the server
+    assert "warm start: memorize job peak RSS" in (
+        smoke_run / "results" / "smoke" / "logs" / "tiny" / "memorize-bio-s0.log").read_text()
+    assert planned_jobs(smoke_run, {"warm_start": False}) == {}
+
+
 @pytest.mark.parametrize("override", [{"tables": {"window_k": 7}},
                                       {"tables": {"parser": {"split": "last", "missing_close": "trace"}}},
                                       {"tables": {"verdicts": {"delta_nll": 0.05, "hit_rate": 0.2}}},

@@ -1,0 +1,148 @@
+"""Warm start (canary_audit.warm): a model job forked from the warm server
+writes the same bytes as a fresh process, keeps its exit status and output,
+stops when its client is stopped or killed, and anything the server cannot
+serve runs in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from canary_audit import warm
+
+MEMORIZE = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 0.005, "steps": 3, "batch_forget": 4,
+            "batch_retain": 2, "template": "bio", "seed": 0, "head_tokens": 6}
+
+
+def model_arg(model: Path) -> str:
+    return json.dumps({"name": "tiny", "path": str(model), "dtype": "float32", "think_open": "<think>",
+                       "think_close": "</think>", "chat_template": None, "trust_remote_code": False})
+
+
+def job(argv: list[str], sock: Path | None, **kwargs):
+    """`python -m canary_audit argv`, the way a rule runs it; with `sock`,
+    as a job of the run that started that server."""
+    env = {k: v for k, v in os.environ.items() if k != warm.ENV_VAR}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    if sock is not None:
+        env[warm.ENV_VAR] = str(sock)
+    return subprocess.Popen([sys.executable, "-m", "canary_audit", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def start_server(tmp: Path, extra_path: str | None = None) -> Path:
+    sock = tmp / "server.sock"
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), extra_path) if p)
+    try:
+        warm.start(sock, tmp / "server.log")
+    finally:
+        os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
+    deadline = time.monotonic() + 120
+    while not sock.exists():
+        assert time.monotonic() < deadline, (tmp / "server.log").read_text()
+        time.sleep(0.2)
+    return sock
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = Path(tmp_path_factory.mktemp("warm"))
+    sock = start_server(tmp)
+    yield sock
+    warm.stop(sock)
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def server_pid(sock: Path) -> int:
+    return int(sock.with_name(sock.name + ".pid").read_text())
+
+
+def test_forked_job_writes_what_a_fresh_process_writes(server, tiny_assets, tmp_path):
+    data, model = tiny_assets
+    outs = {}
+    for mode, sock in (("warm", server), ("fresh", None)):
+        out = tmp_path / mode
+        proc = job(["memorize", "--model", model_arg(model), "--params", json.dumps(MEMORIZE), "--data",
+                    str(data), "--out", str(out)], sock)
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+        assert ("warm start: memorize job peak RSS" in stderr) == (mode == "warm"), stderr
+        outs[mode] = (out / "adapter_model.safetensors").read_bytes()
+    # Same seeds, same code, same bytes: the fork inherits no used random state.
+    assert outs["warm"] == outs["fresh"]
+
+
+def test_failing_job_keeps_its_exit_status_and_traceback(server, tiny_assets, tmp_path):
+    data, model = tiny_assets
+    argv = ["memorize", "--model", model_arg(model), "--params", json.dumps(MEMORIZE), "--data",
+            str(tmp_path / "no-such-data"), "--out", str(tmp_path / "out")]
+    results = {}
+    for mode, sock in (("warm", server), ("fresh", None)):
+        proc = job(argv, sock)
+        _, stderr = proc.communicate(timeout=300)
+        results[mode] = (proc.returncode, "FileNotFoundError" in stderr, "no-such-data" in stderr)
+    assert results["warm"] == results["fresh"] == (1, True, True)
+
+
+LONG_BASE = {"seed": 0, "head_tokens": 6, "tokenizer": {"vocab_size": 800},
+             "architecture": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+                              "max_positions": 256},
+             "pretrain": {"steps": 100000, "batch_size": 4, "lr": 1e-3, "max_length": 256, "n_hex_records": 20,
+                          "n_copy": 10}}
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_stopped_or_killed_client_stops_its_job(server, tiny_assets, tmp_path, how):
+    """Snakemake cancels a job by signalling its process: the forked job must
+    not outlive it, whether the client forwards the signal (SIGTERM) or dies
+    at once (SIGKILL: the job sees its connection close)."""
+    data, _ = tiny_assets
+    before = set(children(server_pid(server)))
+    proc = job(["base", "--params", json.dumps(LONG_BASE), "--data", str(data), "--out", str(tmp_path / "m"),
+                "--summary", str(tmp_path / "s.json")], server)
+    deadline = time.monotonic() + 60
+    while not (set(children(server_pid(server))) - before):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)  # the job is past its start and training
+    proc.send_signal(getattr(signal, how))
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 30
+    while set(children(server_pid(server))) - before:
+        assert time.monotonic() < deadline, "the forked job outlived its client"
+        time.sleep(0.1)
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_without_a_usable_server_the_job_runs_in_its_own_process(tiny_assets, tmp_path):
+    data, model = tiny_assets
+    argv = ["memorize", "--model", model_arg(model), "--params", json.dumps(MEMORIZE), "--data", str(data)]
+    # No server at the socket (none started, or stopped): no wait, a fresh run.
+    proc = job([*argv, "--out", str(tmp_path / "a")], tmp_path / "missing.sock")
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "warm start" not in stderr, stderr
+    # A server with another import path than the job's refuses it.
+    other = tmp_path / "other"
+    other.mkdir()
+    sock = start_server(other, extra_path=str(tmp_path))
+    try:
+        proc = job([*argv, "--out", str(tmp_path / "b")], sock)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        warm.stop(sock)
+    assert proc.returncode == 0 and "warm start" not in stderr, stderr
+    assert (tmp_path / "b" / "adapter_model.safetensors").is_file()
