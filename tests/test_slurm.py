@@ -57,6 +57,10 @@ def test_every_job_went_through_sbatch_and_finished(slurm_run, smoke_run):
     states = dict(line.split("|", 1) for line in sacct.split())
     assert set(states) == set(ids)
     assert set(states.values()) == {"COMPLETED"}
+    # Every job started in its own allocation: no warm-start server under a
+    # cluster executor (the local smoke run's jobs were warm-started).
+    logs = sorted((slurm_run[0] / "results" / "smoke" / "logs").rglob("*.log"))
+    assert logs and not any("warm start" in log.read_text(errors="replace") for log in logs)
 
 
 def test_records_equal_a_local_run(slurm_run, smoke_run):
