@@ -146,3 +146,10 @@ def test_without_a_usable_server_the_job_runs_in_its_own_process(tiny_assets, tm
         warm.stop(sock)
     assert proc.returncode == 0 and "warm start" not in stderr, stderr
     assert (tmp_path / "b" / "adapter_model.safetensors").is_file()
+
+
+def test_only_linux_machines_without_a_gpu_start_a_server(monkeypatch):
+    monkeypatch.setattr(warm, "nvidia_devices", lambda: [])
+    assert warm.supported() == sys.platform.startswith("linux")
+    monkeypatch.setattr(warm, "nvidia_devices", lambda: ["/dev/nvidia0"])
+    assert not warm.supported()

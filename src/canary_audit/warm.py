@@ -39,9 +39,17 @@ _HEADER = struct.Struct("!I")
 
 
 def supported() -> bool:
-    """Linux only: fork after importing torch is what Linux jobs do anyway
-    (DataLoader workers); macOS' system libraries are not fork-safe."""
-    return sys.platform.startswith("linux")
+    """Linux without an NVIDIA device only.  Fork after importing torch is
+    what Linux jobs do anyway (DataLoader workers); macOS' system libraries
+    are not fork-safe.  On a GPU machine a CUDA driver initialized in the
+    server (an import that asks `torch.cuda.is_available()`) would break CUDA
+    in every forked job, this has not been tried on a GPU, and a GPU job's
+    start-up is small against its work: such jobs start fresh."""
+    return sys.platform.startswith("linux") and not nvidia_devices()
+
+
+def nvidia_devices() -> list[str]:
+    return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
 
 
 def _preload() -> None:
