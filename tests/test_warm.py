@@ -39,13 +39,18 @@ def job(argv: list[str], sock: Path | None, **kwargs):
 
 
 def start_server(tmp: Path, extra_path: str | None = None) -> Path:
+    """A server as Snakemake's `onstart` starts one (it inherits this
+    process' environment); `extra_path` makes its import path differ."""
     sock = tmp / "server.sock"
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), extra_path) if p)
     try:
         warm.start(sock, tmp / "server.log")
     finally:
-        os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
     deadline = time.monotonic() + 120
     while not sock.exists():
         assert time.monotonic() < deadline, (tmp / "server.log").read_text()
