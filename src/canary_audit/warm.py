@@ -262,9 +262,9 @@ def run_via_server(argv: list[str]) -> int | None:
             return 1
 
 
-def start(sock_path: Path, log_path: Path) -> int:
+def start(sock_path: Path, log_path: Path) -> None:
     """Start a server for the calling process (Snakemake) in the background;
-    its pid.  Jobs wait for it while it imports."""
+    its pid goes to `<socket>.pid`, which jobs check while it imports."""
     import subprocess
 
     sock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +275,6 @@ def start(sock_path: Path, log_path: Path) -> int:
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     sock_path.with_name(sock_path.name + ".pid").write_text(str(proc.pid))
-    return proc.pid
 
 
 def stop(sock_path: Path) -> None:
