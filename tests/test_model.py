@@ -16,6 +16,7 @@ from canary_audit.probes.passes import (
     score_tokens,
     span_labels,
     teacher_forced_pass,
+    token_fields,
 )
 from canary_audit.probes.units import unit_config, unit_of_arm_expr
 
@@ -144,6 +145,30 @@ def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
     hex_secret = tok.convert_tokens_to_string([r["token_text"] for r in hex_rows if r["span"] == "secret"])
     canary = pl.read_parquet(data / "hex_canaries.parquet")["secret"][0]
     assert hex_secret == canary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_fields_do_not_depend_on_the_memory_budget(dtype):
+    """Blocks of rows, blocks of one row's positions and single logits give
+    the bitwise same fields as one pass over the batch, and those are the
+    log-softmax's (bf16 logits, as a GPU model returns them, included)."""
+    torch.manual_seed(0)
+    vocab = 1031
+    logits = (3 * torch.randn(5, 12, vocab)).to(dtype)
+    logits[:, :, 7] = logits[:, :, 9]  # a tie with the target below: rank counts strictly greater logits
+    target = torch.randint(0, vocab, (5, 11))
+    target[0] = 9
+    whole = token_fields(logits[:, :-1], target, max_elements=10**9)
+    for budget in (1, vocab, 3 * vocab, 2 * 11 * vocab):
+        assert all(torch.equal(a, b) for a, b in zip(whole, token_fields(logits[:, :-1], target, budget)))
+    logp = torch.log_softmax(logits[:, :-1].float(), -1)
+    logprob, rank, top1_id, top1_logprob = whole
+    torch.testing.assert_close(logprob, logp.gather(-1, target[..., None])[..., 0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(top1_logprob, logp.max(-1).values, rtol=0, atol=1e-5)
+    assert torch.equal(top1_id, logits[:, :-1].float().argmax(-1))
+    expected_rank = (logits[:, :-1].float() > logits[:, :-1].float().gather(-1, target[..., None])).sum(-1) + 1
+    assert torch.equal(rank.long(), expected_rank)
+    assert rank.dtype == torch.int32 and (rank[0] >= 1).all()
 
 
 def test_span_priority():
