@@ -168,7 +168,7 @@ def test_token_fields_do_not_depend_on_the_memory_budget(dtype):
     assert torch.equal(top1_id, logits[:, :-1].float().argmax(-1))
     expected_rank = (logits[:, :-1].float() > logits[:, :-1].float().gather(-1, target[..., None])).sum(-1) + 1
     assert torch.equal(rank.long(), expected_rank)
-    assert rank.dtype == torch.int32 and (rank[0] >= 1).all()
+    assert rank.dtype == torch.int32
 
 
 def test_span_priority():

@@ -201,9 +201,9 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
     logits (the rank count summed as int32: 4-5x faster than torch's int64
     sum). The passes run over a block of rows (or of one row's positions) at
     a time, so their float32 temporaries stay under `max_elements` logits
-    however large the batch, sequence and vocabulary (a 7B model's 152k-token vocabulary at batch 32 x 300
-    positions is 1.5G logits, 5.8 GB per float32 temporary); each row's
-    numbers do not depend on the chunking (tested).
+    however large the batch, sequence and vocabulary (a 7B model's 152k-token
+    vocabulary at batch 32 x 300 positions is 1.5G logits, 5.8 GB per float32
+    temporary); the fields do not depend on the blocking (tested bitwise).
     """
     import torch
 
