@@ -79,10 +79,20 @@ def timed(fn, repeat: int = 1):
     return out, (time.perf_counter() - t0) / repeat
 
 
-def report(name: str, tokens: int, seconds: float, flops_per_token: float, peak: float) -> None:
+def report(name: str, tokens: int, seconds: float, flops_per_token: float, peak: float,
+           memory: bool = True) -> None:
+    """One workload's line; on CUDA, with `memory`, the peak memory allocated
+    since the last such line (weights included), and the counter is reset
+    for the next workload."""
+    import torch
+
     rate = tokens / seconds
     mfu = rate * flops_per_token / (peak * 1e12)
-    print(f"{name:<14} {tokens:>9,d} tokens in {seconds:7.2f} s: {rate:>12,.0f} tokens/s   MFU {mfu:6.1%}")
+    suffix = ""
+    if memory and torch.cuda.is_available():
+        suffix = f"   peak {torch.cuda.max_memory_allocated() / 2**30:5.1f} GiB"
+        torch.cuda.reset_peak_memory_stats()
+    print(f"{name:<14} {tokens:>9,d} tokens in {seconds:7.2f} s: {rate:>12,.0f} tokens/s   MFU {mfu:6.1%}{suffix}")
 
 
 def main() -> int:
@@ -129,7 +139,7 @@ def main() -> int:
     generated = sum(len(ids) for ids, _ in outs)
     report("decode", generated, seconds, 2 * n_flop, args.peak_tflops)
     prompt_tokens = sum(len(e) for e in enc)
-    report("decode+prompt", generated + prompt_tokens, seconds, 2 * n_flop, args.peak_tflops)
+    report("decode+prompt", generated + prompt_tokens, seconds, 2 * n_flop, args.peak_tflops, memory=False)
 
     # LoRA training: r=32 on every projection, batches of forget + retain sequences.
     from peft import get_peft_model
@@ -148,8 +158,6 @@ def main() -> int:
     train_loop(lora, seqs[:128], seqs[128:], cfg, 0, tok.pad_token_id, stats=stats)
     sync()
     report("LoRA training", stats["tokens"], stats["seconds"], 4 * n_flop, args.peak_tflops)
-    if cuda:
-        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     return 0
 
 
