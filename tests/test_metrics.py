@@ -126,3 +126,27 @@ def test_build_tables_and_markdown():
     }
     md = to_markdown(tables["canary_leakage"][1])
     assert md.splitlines()[0].startswith("| variant | arm | n | out_acc")
+
+
+def test_bootstrap_refuses_missing_values_naming_table_and_column():
+    from canary_audit.views.bootstrap import MissingValuesError, rates_with_ci
+
+    items = pl.DataFrame({"variant": ["m/a"] * 4, "group_id": ["g0", "g1", "g2", "g3"],
+                          "hit": [1.0, 1.0, None, None]})
+    # On a37bf86 this returned 0.5: the nulls counted in n, not in the sum.
+    with pytest.raises(MissingValuesError, match=r"table `demo`, column `hit`: 2 of 4 observations are missing"):
+        rates_with_ci(items, ["variant"], ["hit"], 20, 0, table="demo")
+    full = rates_with_ci(items.drop_nulls(), ["variant"], ["hit"], 20, 0, table="demo").row(0, named=True)
+    assert (full["n"], full["hit"], full["hit_lo"], full["hit_hi"]) == (2, 1.0, 1.0, 1.0)
+
+
+def test_prefill_arms_refuse_a_variant_whose_arm_records_are_missing():
+    from canary_audit.views.bootstrap import MissingValuesError
+    from canary_audit.views.paper_a import prefill_arms
+
+    d = pl.concat([
+        decode_rows("m/mem", [("canary", "auto", "P", CANARY, CANARY), ("canary", "prefill_bio", "P", CANARY, CANARY)]),
+        decode_rows("m/npo", [("canary", "auto", "P", CANARY, CANARY)]),
+    ]).with_columns(group_id=pl.lit("author0"), item_id=pl.lit("c0"))
+    with pytest.raises(MissingValuesError, match=r"table `prefill_arms`, column `prefill_bio`.*m/npo"):
+        prefill_arms(d, ParserConvention(), BOOT, "bio")

@@ -238,3 +238,38 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
     assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong"}
     with pytest.raises(ModelLoadError, match="set both `think_open` and `think_close`"):
         load_tokenizer(ModelSpec("tiny", spec.path, think_open=None))
+
+
+def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec, tmp_path):
+    """hit@k samples use only the audit's settings: a checkpoint whose
+    generation_config.json sets a repetition penalty and an n-gram ban (as
+    chat checkpoints do) draws the same samples as one without it."""
+    import json
+    import shutil
+
+    data, _ = tiny_assets
+    # The barely trained test model's logits are near zero, where a penalty
+    # changes nothing; scaled-up (tied) embeddings make its choices peaked.
+    peaked = tmp_path / "peaked"
+    shutil.copytree(spec.path, peaked)
+    model = load_model(spec)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(30)
+    model.save_pretrained(peaked, safe_serialization=True)
+    (peaked / "generation_config.json").unlink(missing_ok=True)
+    shipped = tmp_path / "with_generation_config"
+    shutil.copytree(peaked, shipped)
+    config = json.loads((shipped / "generation_config.json").read_text()) if (
+        shipped / "generation_config.json").exists() else {}
+    config |= {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2, "top_k": 5, "top_p": 0.5}
+    (shipped / "generation_config.json").write_text(json.dumps(config))
+    cfg = {"prefills": {}, "head_tokens": 6, "max_new_tokens": 6, "hex_max_new_tokens": 24, "batch_size": 16,
+           "threads": 1, "hit_k": 4, "temperature": 1.0, "sample_seed": 5}
+
+    def samples(model_spec):
+        frame = decode_pass(model_spec, [], data, cfg, "tiny/base", probe_sets={"hex"})
+        return frame.filter(pl.col("arm") == "sampled")["generated"].to_list()
+
+    plain = samples(ModelSpec("tiny", peaked))
+    assert samples(ModelSpec("tiny", shipped)) == plain
+    assert load_model(ModelSpec("tiny", shipped)).generation_config.repetition_penalty == 1.5  # the file is read

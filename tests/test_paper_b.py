@@ -13,7 +13,7 @@ import pytest
 from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
 from canary_audit.tables import build_tables
 from canary_audit.views.paper_a import Bootstrap
-from canary_audit.views.paper_b import Verdicts, case_studies, cell_probes, merged_vs_stacked
+from canary_audit.views.paper_b import Verdicts, case_studies, cell_probes, merged_vs_stacked, with_verdicts
 
 K = 20
 CANARIES = ["hex00", "hex01", "hex02", "hex03"]
@@ -70,8 +70,8 @@ def run(cell_tokens, ref_hits, cell_hits, sampled=(None, None), seed_level=False
 
 
 def test_window_truncation_damage_past_k():
-    # Damage only at the last two secret tokens, past the window; greedy loses 2 of 4.
-    row = run(tokens("m/cell", {25: -1.5, 26: -1.25}), ref_hits=4, cell_hits=2)
+    # Damage only at the last two secret tokens, past the window; greedy loses all 4.
+    row = run(tokens("m/cell", {25: -1.5, 26: -1.25}), ref_hits=4, cell_hits=0)
     assert row["delta_window"] == pytest.approx(0.0)
     assert row["delta_secret"] == pytest.approx((0.5 + 0.25) / 14)
     assert (row["v_window"], row["v_secret"], row["v_hit1"]) == ("flat", "up", "down")
@@ -81,7 +81,7 @@ def test_window_truncation_damage_past_k():
     assert row["secret_past_k"] == pytest.approx(0.75 / 14)
     assert row["past_k_positions"] == "p25 (+0.5), p26 (+0.25)"
     assert "100% of the secret-span Delta sits past K=20" in row["evidence"]
-    assert "hit@1 1.00 -> 0.50" in row["evidence"]
+    assert "hit@1 1.00 -> 0.00" in row["evidence"]
 
 
 def test_non_secret_span_drift_lives_in_the_preamble():
@@ -133,7 +133,7 @@ def test_probes_that_agree_get_no_diagnosis():
 
 
 def test_greedy_failure_with_flat_nll_is_an_unexplained_disagreement():
-    row = run(tokens("m/cell"), ref_hits=4, cell_hits=2)
+    row = run(tokens("m/cell"), ref_hits=4, cell_hits=0)
     assert row["diagnosis"] == "unexplained disagreement"
     assert "window flat, secret flat, hit@1 down" in row["evidence"]
 
@@ -176,7 +176,7 @@ def test_case_studies_and_merged_vs_stacked_tables():
 
 def test_build_tables_writes_the_paper_b_tables():
     tok = pl.DataFrame(tokens("m/ref") + tokens("m/cell", {25: -1.5}), schema=TOKEN_SCHEMA)
-    dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 3), schema=DECODE_SCHEMA)
+    dec = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 0), schema=DECODE_SCHEMA)
     tables = build_tables(dec, tok, {"window_k": K, "parents": PARENTS, "cells": CELLS,
                                      "bootstrap": {"replicates": 20}})
     assert {"bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies"} <= set(tables)
@@ -193,3 +193,65 @@ def test_drift_pattern_by_cancellation_is_flagged_as_not_preamble_driven():
     assert row["preamble_share"] == pytest.approx(0.0)
     assert row["evidence_supports"] is False
     assert "not preamble-driven" in row["evidence"]
+
+
+def verdict_row(window: float, secret: float, hit1: float, hitk: float | None = None, ci: dict | None = None):
+    """One hand-built cell row with the given Deltas (CIs equal to the point
+    unless `ci` widens one) through `with_verdicts`."""
+    values = {"delta_window": window, "delta_secret": secret, "delta_hit1": hit1, "delta_hitk": hitk,
+              "decoy_contrast": 0.0}
+    row = {"hit1": 1.0 + min(hit1, 0.0), "ref_hit1": 1.0}
+    for name, value in values.items():
+        lo, hi = (ci or {}).get(name, (value, value))
+        row |= {name: value, f"{name}_lo": lo, f"{name}_hi": hi}
+    return with_verdicts(pl.DataFrame([row]), Verdicts()).row(0, named=True)
+
+
+UP, DOWN, FLAT = 0.02, -0.02, 0.0
+
+
+@pytest.mark.parametrize("window, secret, hit1, hitk, expected", [
+    (UP, UP, -0.5, None, "agree"),                  # every probe says forgotten
+    (DOWN, DOWN, 0.25, None, "agree"),              # every probe says strengthened
+    (FLAT, FLAT, 0.0, None, "agree"),               # nothing moved
+    (UP, UP, -0.5, -0.5, "agree"),                  # hit@k, where sampled, joins the vote
+    (DOWN, DOWN, -0.5, None, "unexplained disagreement"),  # NLL says stronger, greedy says forgotten
+    (UP, UP, 0.25, None, "unexplained disagreement"),      # NLL says forgotten, greedy recalls more
+    (UP, UP, 0.0, None, "unexplained disagreement"),       # NLL moved, behaviour did not
+    (FLAT, FLAT, 0.0, -0.5, "unexplained disagreement"),   # hit@k alone moved
+    (UP, UP, -0.5, 0.0, "unexplained disagreement"),       # hit@k kept while the rest say forgotten
+    (FLAT, UP, -0.5, None, "window truncation"),
+    (UP, FLAT, 0.0, None, "non-secret span drift"),
+])
+def test_agreement_means_every_probe_points_the_same_way(window, secret, hit1, hitk, expected):
+    row = verdict_row(window, secret, hit1, hitk)
+    assert row["diagnosis"] == expected
+    assert row["point_diagnosis"] == expected
+    assert row["inconclusive_probes"] == ""
+
+
+def test_a_ci_across_a_threshold_reads_inconclusive_and_the_diagnosis_says_so():
+    # Secret-span point estimate is "up", but its CI reaches below the 0.005 threshold.
+    row = verdict_row(FLAT, UP, -0.5, ci={"delta_secret": (0.001, 0.04)})
+    assert row["v_secret"] == "inconclusive"
+    assert (row["v_window"], row["v_hit1"]) == ("flat", "down")
+    assert row["point_diagnosis"] == "window truncation"
+    assert row["diagnosis"] == "inconclusive"
+    assert row["inconclusive_probes"] == "secret"
+    # A flat point whose CI leaves the flat band is no "flat" either; a kept
+    # hit rate whose CI reaches a loss is no "kept".
+    flat = verdict_row(FLAT, FLAT, 0.0, ci={"delta_window": (-0.001, 0.006), "delta_hit1": (-0.25, 0.0)})
+    assert (flat["v_window"], flat["v_hit1"], flat["diagnosis"]) == ("inconclusive", "inconclusive", "inconclusive")
+    assert flat["inconclusive_probes"] == "window, hit1"
+
+
+def test_inconclusive_from_records_names_the_probe_and_its_interval():
+    # Two of four canaries lost: the canary-clustered CI of the hit@1 Delta
+    # reaches 0, so "down" is not established on four canaries.
+    row = run(tokens("m/cell", {25: -1.5, 26: -1.25}), ref_hits=4, cell_hits=2)
+    assert row["delta_hit1"] == pytest.approx(-0.5)
+    assert row["delta_hit1_hi"] == pytest.approx(0.0)
+    assert row["v_hit1"] == "inconclusive"
+    assert (row["point_diagnosis"], row["diagnosis"]) == ("window truncation", "inconclusive")
+    assert row["evidence"].startswith("inconclusive: the point estimates read `window truncation`, but the CI "
+                                      "of hit1 (-0.5000, CI [")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -105,29 +106,55 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     return results, enc
 
 
+@contextmanager
+def audit_generation_config(model, **settings):
+    """The model's generation config replaced, for the duration, by a fresh
+    one holding only `settings`.
+
+    `generate` fills every setting its `generation_config` leaves unset from
+    the checkpoint's own `generation_config.json` (transformers 5.x), so a
+    repetition penalty or n-gram ban that a chat checkpoint ships
+    (Qwen2.5-VL-7B-Instruct ships a repetition penalty) would silently
+    penalize repeated hex digits and lower hit@k.  With the checkpoint's
+    config swapped for a blank one, the only settings in force are the
+    audit's and transformers' neutral defaults.
+    """
+    from transformers import GenerationConfig
+
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = hf_model.generation_config
+    config = GenerationConfig(**settings)
+    hf_model.generation_config = GenerationConfig()
+    try:
+        yield config
+    finally:
+        hf_model.generation_config = saved
+
+
 def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_tokens: int, temperature: float,
                          seed: int, batch_size: int) -> list[list[tuple[list[int], bool]]]:
     """`k` sampled continuations of each prompt (plain temperature sampling:
-    no top-k or top-p truncation, whatever the model's generation config
-    says), seeded so that a re-run draws the same samples."""
+    no top-k or top-p truncation, no penalty, whatever the checkpoint's
+    generation config says), seeded so that a re-run draws the same samples."""
     import torch
 
     eos = tokenizer.eos_token_id
     torch.manual_seed(seed)
     out: list[list[tuple[list[int], bool]]] = [[] for _ in prompts]
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    for batch in length_sorted_batches([len(e) for e in enc], max(1, batch_size // k)):
-        padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
-        with torch.no_grad():
-            gen = model.generate(
-                input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
-                max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                num_return_sequences=k, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
-            )
-        width = padded["input_ids"].shape[1]
-        for row in range(gen.shape[0]):
-            new = gen[row, width:].tolist()
-            out[batch[row // k]].append((new[: new.index(eos)], True) if eos in new else (new, False))
+    settings = dict(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                    num_return_sequences=k, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos,
+                    bos_token_id=tokenizer.bos_token_id)
+    with audit_generation_config(model, **settings) as config:
+        for batch in length_sorted_batches([len(e) for e in enc], max(1, batch_size // k)):
+            padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
+            with torch.no_grad():
+                gen = model.generate(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                                     generation_config=config)
+            width = padded["input_ids"].shape[1]
+            for row in range(gen.shape[0]):
+                new = gen[row, width:].tolist()
+                out[batch[row // k]].append((new[: new.index(eos)], True) if eos in new else (new, False))
     return out
 
 

@@ -37,6 +37,24 @@ def cluster_weights(clusters: Sequence[str], n_boot: int, seed: int) -> pl.DataF
     ).filter(pl.col("weight") > 0)
 
 
+class MissingValuesError(ValueError):
+    """A rate's input has missing values; the message names where."""
+
+
+def check_no_nulls(items: pl.DataFrame, keys: Sequence[str], values: Sequence[str], table: str) -> None:
+    """Refuse null observations in any of `values`, naming the table, the
+    column, how many rows and (up to five of) the groups they fall in."""
+    for value in values:
+        missing = items.filter(pl.col(value).is_null())
+        if missing.height:
+            groups = missing.select(keys).unique(maintain_order=True).head(5).rows() if keys else []
+            raise MissingValuesError(
+                f"table `{table}`, column `{value}`: {missing.height} of {items.height} observations are "
+                f"missing (groups {list(keys)}: {groups}); the records that should hold them are absent or "
+                "incomplete: re-run the probe passes of those variants (see docs on re-runs)"
+            )
+
+
 def rates_with_ci(
     items: pl.DataFrame,
     keys: Sequence[str],
@@ -45,6 +63,8 @@ def rates_with_ci(
     seed: int,
     derive: Derive | None = None,
     level: float = 0.95,
+    *,
+    table: str,
 ) -> pl.DataFrame:
     """Mean of each `values` column per `keys` group, with percentile CIs from a
     cluster bootstrap over `group_id`.
@@ -53,8 +73,14 @@ def rates_with_ci(
     adds columns computed from the rates (a gap, a Delta); it is applied to
     the point estimates and to every replicate alike, so derived columns get
     intervals too.  Each rate `x` gains `x_lo` and `x_hi`.
+
+    A missing value is refused, naming `table`, the column and the groups
+    that lack it: a rate over the rows that happen to be present (or one that
+    counts a missing row as a miss) is a different number from the one the
+    table promises, and the records that should hold it are what to fix.
     """
     keys, values = list(keys), list(values)
+    check_no_nulls(items, keys, values, table)
     derive = derive or (lambda frame: frame)
     per_cluster = items.group_by(*keys, "group_id").agg(
         n=pl.len(), **{v: pl.col(v).cast(pl.Float64).sum() for v in values}

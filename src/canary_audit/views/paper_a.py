@@ -59,7 +59,8 @@ def canary_leakage(decode: pl.DataFrame, convention: ParserConvention, boot: Boo
     and the parser-health columns the paper's caveats rest on."""
     items = canary_outcomes(decode, convention)
     rates = rates_with_ci(
-        items, ["variant", "arm"], ["out_hit", "thk_hit"], boot.replicates, boot.seed, _leak_rates, boot.level
+        items, ["variant", "arm"], ["out_hit", "thk_hit"], boot.replicates, boot.seed, _leak_rates, boot.level,
+        table="canary_leakage",
     )
     health = items.group_by("variant", "arm").agg(
         missing_close=(~pl.col("has_close")).mean(),
@@ -110,7 +111,8 @@ def prefill_arms(
             return frame
         return frame.with_columns(delta_ab=pl.col(AUTO) - pl.col(prefilled))
 
-    return rates_with_ci(wide, ["variant"], arms, boot.replicates, boot.seed, delta, boot.level)
+    return rates_with_ci(wide, ["variant"], arms, boot.replicates, boot.seed, delta, boot.level,
+                         table="prefill_arms")
 
 
 def teacher_forced_vs_greedy(
@@ -129,7 +131,7 @@ def teacher_forced_vs_greedy(
         boot.replicates, boot.seed,
         lambda f: f.rename({"out_hit": "greedy_out_acc", "top1_rate": "tf_top1_rate",
                             "all_top1": "tf_all_top1_rate", "mean_logprob": "tf_mean_logprob"}),
-        boot.level,
+        boot.level, table="teacher_forced_vs_greedy",
     )
 
 
@@ -145,7 +147,7 @@ def parser_conventions(decode: pl.DataFrame, boot: Bootstrap) -> pl.DataFrame:
     items = pl.concat(frames)
     rates = rates_with_ci(
         items, ["variant", "convention"], ["out_hit", "thk_hit"], boot.replicates, boot.seed, _leak_rates,
-        boot.level,
+        boot.level, table="parser_conventions",
     )
     health = items.group_by("variant", "convention").agg(
         missing_close=(~pl.col("has_close")).mean(), unparseable=pl.col("answer").is_null().mean()
@@ -230,7 +232,7 @@ def utility(decode: pl.DataFrame, convention: ParserConvention, boot: Bootstrap)
     frames = [
         rates_with_ci(part, ["variant", "probe_set", "arm"], ["correct", "substitution"], boot.replicates,
                       boot.seed, lambda f: f.rename({"correct": "accuracy", "substitution": "substitution_rate"}),
-                      boot.level)
+                      boot.level, table="utility")
         for _, part in parsed.group_by("probe_set", maintain_order=True)
     ]
     if not frames:

@@ -33,10 +33,10 @@ from canary_audit.views.paper_a import Bootstrap
 HEX, DECOYS = HEX_SETS[0], HEX_SETS[1:]
 SPAN_CLASS = {"prompt": "preamble", "head": "preamble", "secret": "secret", "continuation": "suffix"}
 CELL_KEYS = ("canary_seed", "cell", "kind", "source", "step", "application")
-WITH_CI = ("delta_window", "delta_secret", "delta_hit1", "decoy_contrast")
+WITH_CI = ("delta_window", "delta_secret", "delta_hit1", "delta_hitk", "decoy_contrast")
 MEANS = (
     "window_preamble", "window_secret", "window_suffix", "secret_in_window", "secret_past_k",
-    "hit1", "ref_hit1", "hitk", "ref_hitk", "delta_hitk", "decoy_delta_window", "decoy_delta_secret",
+    "hit1", "ref_hit1", "hitk", "ref_hitk", "decoy_delta_window", "decoy_delta_secret",
 )
 DIAGNOSES = ("window truncation", "non-secret span drift", "undertrained ambiguity")
 
@@ -119,41 +119,84 @@ def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, st
     )
 
 
-def _nll_verdict(col: str, t: float) -> pl.Expr:
-    return pl.when(pl.col(col) >= t).then(pl.lit("up")).when(pl.col(col) <= -t).then(pl.lit("down")).otherwise(
-        pl.lit("flat"))
+# Each probe's reading of a change, as the direction it says the secret moved:
+# NLL up and hit rate down both say "forgotten", NLL down and hit rate up
+# "strengthened", a flat NLL and a kept hit rate "no change".
+DIRECTION = {
+    "nll": {"up": "forgotten", "down": "strengthened", "flat": "unchanged"},
+    "hit": {"down": "forgotten", "up": "strengthened", "kept": "unchanged"},
+}
+INCONCLUSIVE = "inconclusive"
+# The probes whose directions must agree (hit@k only where samples were drawn).
+AGREEMENT_PROBES = {"window": "nll", "secret": "nll", "hit1": "hit", "hitk": "hit"}
 
 
-def _hit_verdict(col: str, t: float) -> pl.Expr:
-    return (
-        pl.when(pl.col(col).is_null()).then(pl.lit(None, pl.Utf8))
-        .when(pl.col(col) <= -t).then(pl.lit("down"))
-        .when(pl.col(col) >= t).then(pl.lit("up"))
-        .otherwise(pl.lit("kept"))
-    )
+def _band(value: pl.Expr, t: float, kind: str) -> pl.Expr:
+    """The verdict a single number reads as: up/down past the threshold `t`,
+    flat (NLL) or kept (hit rate) inside it."""
+    inside = "flat" if kind == "nll" else "kept"
+    return pl.when(value >= t).then(pl.lit("up")).when(value <= -t).then(pl.lit("down")).otherwise(pl.lit(inside))
+
+
+def _verdict(frame: pl.DataFrame, col: str, t: float, kind: str) -> pl.Expr:
+    """A probe's verdict from its point estimate and, where the frame holds
+    them, its CI bounds: `inconclusive` when the interval reaches into another
+    band than the point (it straddles a threshold); null when the probe was
+    not measured."""
+    point = _band(pl.col(col), t, kind)
+    verdict = point
+    if f"{col}_lo" in frame.columns:
+        same = (_band(pl.col(f"{col}_lo"), t, kind) == point) & (_band(pl.col(f"{col}_hi"), t, kind) == point)
+        verdict = pl.when(same).then(point).otherwise(pl.lit(INCONCLUSIVE))
+    return pl.when(pl.col(col).is_null()).then(pl.lit(None, pl.Utf8)).otherwise(verdict)
+
+
+def _direction(verdict: str, kind: str) -> pl.Expr:
+    return pl.col(verdict).replace_strict(DIRECTION[kind], default=None, return_dtype=pl.Utf8)
 
 
 def with_verdicts(frame: pl.DataFrame, v: Verdicts) -> pl.DataFrame:
-    """Each probe's verdict, and the diagnosis of the cell: `agree`, one of the
-    three named disagreements (paper B's case studies), or `unexplained`."""
-    w, s, h = pl.col("v_window"), pl.col("v_secret"), pl.col("v_hit1")
-    return frame.with_columns(
-        v_window=_nll_verdict("delta_window", v.delta_nll),
-        v_secret=_nll_verdict("delta_secret", v.delta_nll),
-        v_hit1=_hit_verdict("delta_hit1", v.hit_rate),
-        v_hitk=_hit_verdict("delta_hitk", v.hit_rate),
-        v_decoy=_nll_verdict("decoy_contrast", v.delta_nll),
-    ).with_columns(
-        diagnosis=pl.when((w == s) & ~((w == "flat") & (h != "kept")))
-        .then(pl.lit("agree"))
-        .when((w == "flat") & (s == "up") & (h == "down"))
-        .then(pl.lit(DIAGNOSES[0]))
-        .when((w == "up") & (s == "flat") & (h == "kept"))
-        .then(pl.lit(DIAGNOSES[1]))
+    """Each probe's verdict, and the diagnosis of the cell.
+
+    `point_diagnosis` reads the point estimates: `agree` when every probe
+    (windowed NLL, secret-span NLL, hit@1, and hit@k where sampled) points the
+    same way (all say forgotten, all strengthened, or all unchanged), one of
+    the three named disagreements (paper B's case studies), or `unexplained
+    disagreement`.  `diagnosis` is that reading when every probe it rests on
+    is conclusive, and `inconclusive` when a probe's CI straddles its
+    threshold (`inconclusive_probes` names them).
+    """
+    frame = frame.with_columns(
+        v_window=_verdict(frame, "delta_window", v.delta_nll, "nll"),
+        v_secret=_verdict(frame, "delta_secret", v.delta_nll, "nll"),
+        v_hit1=_verdict(frame, "delta_hit1", v.hit_rate, "hit"),
+        v_hitk=_verdict(frame, "delta_hitk", v.hit_rate, "hit"),
+        v_decoy=_verdict(frame, "decoy_contrast", v.delta_nll, "nll"),
+        p_window=_band(pl.col("delta_window"), v.delta_nll, "nll"),
+        p_secret=_band(pl.col("delta_secret"), v.delta_nll, "nll"),
+        p_hit1=_band(pl.col("delta_hit1"), v.hit_rate, "hit"),
+        p_hitk=pl.when(pl.col("delta_hitk").is_not_null()).then(_band(pl.col("delta_hitk"), v.hit_rate, "hit")),
+    )
+    dirs = [_direction(f"p_{probe}", kind) for probe, kind in AGREEMENT_PROBES.items()]
+    agree = pl.lit(True)
+    for d in dirs[1:]:
+        agree = agree & (d.is_null() | (d == dirs[0]))
+    w, s, h = pl.col("p_window"), pl.col("p_secret"), pl.col("p_hit1")
+    point = (
+        pl.when(agree).then(pl.lit("agree"))
+        .when((w == "flat") & (s == "up") & (h == "down")).then(pl.lit(DIAGNOSES[0]))
+        .when((w == "up") & (s == "flat") & (h == "kept")).then(pl.lit(DIAGNOSES[1]))
         .when((w == "down") & (s == "up") & (pl.col("hit1") == 0) & (pl.col("ref_hit1") == 0))
         .then(pl.lit(DIAGNOSES[2]))
         .otherwise(pl.lit("unexplained disagreement"))
     )
+    unsure = pl.concat_list(
+        *(pl.when(pl.col(f"v_{probe}") == INCONCLUSIVE).then(pl.lit(probe)) for probe in AGREEMENT_PROBES)
+    ).list.drop_nulls().list.join(", ")
+    return frame.with_columns(point_diagnosis=point, inconclusive_probes=unsure).with_columns(
+        diagnosis=pl.when(pl.col("inconclusive_probes") == "").then(pl.col("point_diagnosis"))
+        .otherwise(pl.lit(INCONCLUSIVE))
+    ).drop("p_window", "p_secret", "p_hit1", "p_hitk")
 
 
 def _shares(frame: pl.DataFrame) -> pl.DataFrame:
@@ -171,9 +214,9 @@ def _shares(frame: pl.DataFrame) -> pl.DataFrame:
         # cancellation): truncation needs most secret damage past K, drift
         # most window movement in the preamble.  Undertrained ambiguity is the
         # pattern itself; its evidence (the decoys) resolves it either way.
-        evidence_supports=pl.when(pl.col("diagnosis") == DIAGNOSES[0]).then(pl.col("past_k_share") >= 0.5)
-        .when(pl.col("diagnosis") == DIAGNOSES[1]).then(pl.col("preamble_share") >= 0.5)
-        .when(pl.col("diagnosis") == DIAGNOSES[2]).then(pl.lit(True))
+        evidence_supports=pl.when(pl.col("point_diagnosis") == DIAGNOSES[0]).then(pl.col("past_k_share") >= 0.5)
+        .when(pl.col("point_diagnosis") == DIAGNOSES[1]).then(pl.col("preamble_share") >= 0.5)
+        .when(pl.col("point_diagnosis") == DIAGNOSES[2]).then(pl.lit(True))
     )
 
 
@@ -195,7 +238,18 @@ def _past_k_positions(positions: pl.DataFrame, keys: list[str], window_k: int, t
 def _evidence(frame: pl.DataFrame, window_k: int) -> pl.DataFrame:
     """One sentence per row with the numbers its diagnosis rests on."""
     def text(row: dict) -> str:
-        d = row["diagnosis"]
+        reading = pattern(row)
+        if row["diagnosis"] != INCONCLUSIVE:
+            return reading
+        unsure = ", ".join(
+            f"{probe} ({row[f'delta_{probe}']:+.4f}, CI [{row[f'delta_{probe}_lo']:+.4f}, "
+            f"{row[f'delta_{probe}_hi']:+.4f}])" for probe in row["inconclusive_probes"].split(", ")
+        )
+        return (f"inconclusive: the point estimates read `{row['point_diagnosis']}`, but the CI of {unsure} "
+                f"straddles its threshold" + (f"; {reading}" if reading else ""))
+
+    def pattern(row: dict) -> str:
+        d = row["point_diagnosis"]
         if d == DIAGNOSES[0]:
             where = row.get("past_k_positions") or "none above threshold"
             text = (f"{row['past_k_share']:.0%} of the secret-span Delta sits past K={window_k} "
@@ -220,7 +274,8 @@ def _evidence(frame: pl.DataFrame, window_k: int) -> pl.DataFrame:
                     f"vs secret {row['delta_secret']:+.4f}); {moved}; hit@1 = 0 on both weights")
         if d == "agree":
             return ""
-        return (f"window {row['v_window']}, secret {row['v_secret']}, hit@1 {row['v_hit1']}: "
+        hitk = f", hit@k {row['v_hitk']}" if row["v_hitk"] is not None else ""
+        return (f"window {row['v_window']}, secret {row['v_secret']}, hit@1 {row['v_hit1']}{hitk}: "
                 "a pattern none of the three named mechanisms explains")
     return frame.with_columns(
         evidence=pl.Series([text(r) for r in frame.iter_rows(named=True)], dtype=pl.Utf8)
@@ -245,8 +300,10 @@ def cell_probes(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, s
     with_ci = [c for c in WITH_CI if items[c].null_count() < items.height]
 
     def level(keys: list[str]) -> pl.DataFrame:
-        ci = rates_with_ci(items, keys, with_ci, boot.replicates, boot.seed, level=boot.level)
-        means = items.group_by(keys).agg(*(pl.col(c).mean() for c in MEANS), seeds=pl.col("bsft_seed").n_unique())
+        ci = rates_with_ci(items, keys, with_ci, boot.replicates, boot.seed, level=boot.level, table="bsft_matrix")
+        unmeasured = [c for c in WITH_CI if c not in with_ci]  # all null: no CI, a null column
+        means = items.group_by(keys).agg(*(pl.col(c).mean() for c in (*MEANS, *unmeasured)),
+                                         seeds=pl.col("bsft_seed").n_unique())
         frame = _shares(with_verdicts(ci.join(means, on=keys, how="left"), verdicts))
         frame = frame.join(_past_k_positions(positions, keys, window_k, verdicts.delta_nll), on=keys, how="left")
         return _evidence(frame, window_k).with_columns(window_k=pl.lit(window_k)).sort(keys)
@@ -271,9 +328,9 @@ def matrix(cells: pl.DataFrame) -> pl.DataFrame:
         return cells
     return cells.select(
         *CELL_KEYS, "seeds", "delta_window", "delta_window_lo", "delta_window_hi", "v_window", "delta_secret",
-        "delta_secret_lo", "delta_secret_hi", "v_secret", "ref_hit1", "hit1",
-        "v_hit1", "ref_hitk", "hitk", "v_hitk", "decoy_contrast", "v_decoy", "diagnosis", "evidence_supports",
-        "evidence",
+        "delta_secret_lo", "delta_secret_hi", "v_secret", "ref_hit1", "hit1", "delta_hit1", "delta_hit1_lo",
+        "delta_hit1_hi", "v_hit1", "ref_hitk", "hitk", "v_hitk", "decoy_contrast", "v_decoy", "point_diagnosis",
+        "inconclusive_probes", "diagnosis", "evidence_supports", "evidence",
     )
 
 
