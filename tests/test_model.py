@@ -5,6 +5,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
+from conftest import assert_token_records_close
 
 from canary_audit.formats import ChatFormat
 from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
@@ -201,12 +202,20 @@ def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets
     cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6, "max_new_tokens": 8,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
     whole = run(spec, [], data, cfg, "tiny/base")
+
+    def same(got, want):
+        # Alone, a unit's sequences meet other batch shapes: token log-probs
+        # agree to float rounding (conftest's stated tolerance), not bitwise.
+        if kind == "token":
+            assert_token_records_close(got, want)
+        else:
+            assert got.height and got.equals(want)
+
     for unit in ("auto", "bio"):
         alone = run(spec, [], data, {**unit_config(cfg, unit), "threads": 1}, "tiny/base", unit=unit)
-        expected = whole.filter(unit_of_arm_expr() == unit)
-        assert alone.height and alone.equals(expected), unit
+        same(alone, whole.filter(unit_of_arm_expr() == unit))
     fewer = run(spec, [], data, {**cfg, "prefills": {"bio": "{bio_opening}"}}, "tiny/base")
-    assert fewer.equals(whole.filter(pl.col("arm") != "prefill_empty"))
+    same(fewer, whole.filter(pl.col("arm") != "prefill_empty"))
 
 
 def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):
