@@ -37,5 +37,9 @@ localrules:
 rule all:
     default_target: True
     input:
-        expand(f"{R}/tables/{{name}}.{{ext}}", name=table_names(), ext=["csv", "md"]),
+        expand(
+            f"{R}/tables/{{name}}.{{ext}}",
+            name=DESIGN.table_names(),
+            ext=["csv", "md"],
+        ),
         expand(f"{R}/plots/{{name}}.png", name=PLOTS),

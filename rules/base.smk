@@ -6,14 +6,14 @@ rule embedded_base:
     input:
         data_files(),
     output:
-        model=directory(f"{R}/models/{{model}}/base"),
+        model=directory(LAYOUT.base_dir("{model}")),
         summary=f"{R}/models/{{model}}/base.json",
     log:
         f"{R}/logs/{{model}}/embedded_base.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/embedded_base.tsv"
     wildcard_constraints:
-        model="|".join(embedded_models()) or "^$",
+        model="|".join(DESIGN.embedded_models()) or "^$",
     conda:
         ENV
     threads: config["threads"]["base"]

@@ -3,27 +3,29 @@
 # canonical (sorted-key) JSON: Snakemake's params trigger then re-runs what a
 # change touches and nothing else.
 
-import json
 import os
 import shutil
 import tempfile
-from collections import namedtuple
 from pathlib import Path
 
 from snakemake.utils import validate
 
 from canary_audit import warm
 from canary_audit.data.io import DATA_TABLES
+from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design, canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.plots import PLOTS
-from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.passes import unit_hashes
-from canary_audit.probes.units import AUTO, unit_config
+from canary_audit.probes.units import unit_config
 
 validate(config, "../schemas/config.schema.yaml")
 
 R = config["results"]
+# Digests of weight files, one per content (provenance.file_digest): a
+# manifest and every probe pass of a variant read them instead of hashing
+# a 7B base again.
+WEIGHT_CACHE = f"{R}/cache/weight_digests"
 # Job grain (workflow_config.yaml, `grain`): fine = one unlearning job per K
 # and one probe job per (variant, probe unit).
 FINE = config["grain"] == "fine"
@@ -37,79 +39,33 @@ MODEL_KEYS = (
 )
 
 
-def canonical(value):
-    """Order-stable JSON: the same slice always renders to the same string."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 def fail(message):
     raise ValueError(message)
 
 
-def embedded_models():
-    return [m for m, e in config["models"].items() if e.get("embedded")]
-
-
-def check_config():
-    """Cross-key checks the schema cannot express, before any job runs."""
-    known = sorted(config["models"])
-    if not config["audit"]["templates"] and not config["audit"]["hex_canaries"]:
-        fail(
-            "nothing to audit: `audit.templates` is empty (no paper A arms) and "
-            "`audit.hex_canaries` is false (no paper B arms); set either"
-        )
+def check_local_models():
+    """A local checkpoint's weights, think tags and chat template, before any
+    job (the tokenizer load imports transformers: ~3 s, paid only when a
+    local model is audited)."""
     for name in config["audit"]["models"]:
-        if name not in config["models"]:
-            fail(
-                f"config key `audit.models` names `{name}`, which is not in `models` "
-                f"(known: {', '.join(known)}); add a `models.{name}` entry or remove it"
-            )
         entry = config["models"][name]
-        if config["audit"]["templates"] and entry.get("think_close") is None:
-            fail(
-                f"model `{name}` has no think tags (`models.{name}.think_close` is null), but paper A's "
-                f"arms need them (`audit.templates`: {', '.join(config['audit']['templates'])}); set the "
-                "model's tags, or set `audit.templates: []` to audit paper B's arms only"
-            )
-        if entry.get("embedded"):
-            continue
-        # The tokenizer load checks weights, think tags and chat template
-        # (it imports transformers: ~3 s, paid only when a local model is audited).
-        load_tokenizer(ModelSpec.from_config(name, entry, entry["path"]))
-    templates = config["audit"]["templates"]
-    for method, run_templates in config["unlearn"]["methods"].items():
-        for template in run_templates:
-            if template not in templates:
-                fail(
-                    f"config key `unlearn.methods.{method}` names template `{template}`, which is "
-                    f"not memorized (`audit.templates`: {', '.join(templates)}); add it there or "
-                    "remove it here"
-                )
-    under = config["bsft"]["controls"]["undertrained"]
-    steps = config["canary_lora"]["steps"]
-    if under["sources"] and not under["canary_steps"] < steps:
-        fail(
-            f"config key `bsft.controls.undertrained.canary_steps` is {under['canary_steps']}, which "
-            f"the canary LoRA run does not stop before (`canary_lora.steps`: {steps}); set it below {steps}"
-        )
-    check_prefill_templates(config["probes"]["prefills"])
-    contrast = config["tables"]["prefill_contrast"]
-    if config["probes"]["prefills"] and contrast not in config["probes"]["prefills"]:
-        fail(
-            f"config key `tables.prefill_contrast` is `{contrast}`, which is not a prefill arm "
-            f"(`probes.prefills`: {', '.join(sorted(config['probes']['prefills'])) or 'none'}); "
-            "name one of them"
-        )
+        if not entry.get("embedded"):
+            load_tokenizer(ModelSpec.from_config(name, entry, entry["path"]))
 
 
-check_config()
+try:
+    DESIGN = Design(config)
+except ConfigError as err:
+    fail(str(err))
+check_local_models()
+LAYOUT = DESIGN.layout
 
 
 wildcard_constraints:
     model="[A-Za-z0-9_]+",
-    template="bio|meta|none",
+    template="|".join(TEMPLATES),
     seed=r"\d+",
-    method="npo|ga|graddiff",
+    run="[a-z][a-z0-9_]*",
     k=r"\d+",
     variant=r"[A-Za-z0-9_.\-]+",
     group=r"[A-Za-z0-9_.\-]+",
@@ -126,8 +82,7 @@ def data_files(*tables):
 
 
 def model_path(model):
-    entry = config["models"][model]
-    return f"{R}/models/{model}/base" if entry.get("embedded") else entry["path"]
+    return DESIGN.model_path(model)
 
 
 def base_input(wildcards):
@@ -149,167 +104,24 @@ def model_json(wildcards, path=None):
     )
 
 
-def adapter_dir(model, adapter):
-    return f"{R}/models/{model}/adapters/{adapter}"
-
-
-def unlearn_runs():
-    """(method, template) of every unlearning run, in config order."""
-    return [
-        (method, template)
-        for method, templates in config["unlearn"]["methods"].items()
-        for template in templates
-    ]
-
-
-Variant = namedtuple(
-    "Variant", "base adapters parent group apply cell", defaults=("stacked", None)
-)
-
-
-def merged_dir(model, name):
-    return f"{R}/models/{model}/merged/{name}"
-
-
-def bsft_dir(model, canary, source, seed, tag):
-    return f"{R}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
-
-
-def bsft_cfg():
-    return config["bsft"]
-
-
-def undertrained_sources():
-    return bsft_cfg()["controls"]["undertrained"]["sources"]
-
-
-def bsft_active():
-    """Paper B's bSFT arms need the canary LoRA they start from."""
-    b = bsft_cfg()
-    return config["audit"]["hex_canaries"] and bool(
-        b["sources"] or undertrained_sources() or b["controls"]["noise"]["sources"]
-    )
-
-
-def variants(model):
-    """Every audited variant of `model`: name -> Variant(base weights, adapter
-    stack, parent, probe group, how the last adapter is applied, paper B cell).
-
-    The parent is the model before the change that made the variant; tables
-    report Deltas against it.  The group is the probe job that scores the
-    variant: a memorization adapter and every unlearning checkpoint made from
-    it share one job per pass (one process start for the whole branch), the
-    hex-canary adapters share the base model's, and every bSFT cell of one
-    bSFT seed shares one job (the merged bases, the references of paper B's
-    Deltas, ride with the first seed's).
-    """
-    audit, base = config["audit"], model_path(model)
-    out = {"base": Variant(base, [], None, "base")}
-    for seed in audit["seeds"]:
-        for template in audit["templates"]:
-            mem = f"mem-{template}-s{seed}"
-            out[mem] = Variant(base, [adapter_dir(model, mem)], "base", mem)
-            for method, run_template in unlearn_runs():
-                if run_template != template:
-                    continue
-                for k in config["unlearn"]["k"]:
-                    name = f"{method}-{template}-s{seed}-k{k}"
-                    out[name] = Variant(base, [adapter_dir(model, name)], mem, mem)
-        if audit["hex_canaries"]:
-            canary = f"canary-s{seed}"
-            out[canary] = Variant(base, [adapter_dir(model, canary)], "base", "base")
-            if bsft_active():
-                out.update(bsft_variants(model, seed))
-    return out
-
-
-def bsft_variants(model, seed):
-    """Paper B's cells on the canary LoRA of `seed`: each source's bSFT adapter
-    at each training length, stacked on or merged into the merged base, and
-    the controls; every cell once per bSFT seed."""
-    b, canary = bsft_cfg(), f"canary-s{seed}"
-    under = f"{canary}-under"
-    ref, ref_under = f"merged-s{seed}", f"merged-s{seed}-under"
-    first = f"bsft-s{seed}-b{b['seeds'][0]}"
-    out = {ref: Variant(merged_dir(model, canary), [], canary, first)}
-    if undertrained_sources():
-        out[under] = Variant(
-            model_path(model), [adapter_dir(model, under)], "base", "base"
+def variant_entry(wildcards):
+    table = DESIGN.variants(wildcards.model)
+    if wildcards.variant not in table:
+        fail(
+            f"variant `{wildcards.variant}` of model `{wildcards.model}` is not in the audit "
+            f"(known: {', '.join(sorted(table))})"
         )
-        out[ref_under] = Variant(merged_dir(model, under), [], under, first)
-    last = f"t{max(b['steps'])}"
-
-    def cell(name, kind, source, step, application, bseed):
-        return {
-            "cell": name,
-            "kind": kind,
-            "source": source,
-            "step": step,
-            "application": application,
-            "bsft_seed": bseed,
-            "canary_seed": seed,
-        }
-
-    for bseed in b["seeds"]:
-        group = f"bsft-s{seed}-b{bseed}"
-        for source in b["sources"]:
-            for step in b["steps"]:
-                for app in b["applications"]:
-                    out[f"bsft-{source}-t{step}-{app}-b{bseed}-s{seed}"] = Variant(
-                        merged_dir(model, canary),
-                        [bsft_dir(model, canary, source, bseed, f"t{step}")],
-                        ref,
-                        group,
-                        app,
-                        cell(
-                            f"{source} t{step} {app}", "bsft", source, step, app, bseed
-                        ),
-                    )
-        for source in b["controls"]["noise"]["sources"]:
-            out[f"noise-{source}-b{bseed}-s{seed}"] = Variant(
-                merged_dir(model, canary),
-                [bsft_dir(model, canary, source, bseed, "noise")],
-                ref,
-                group,
-                "stacked",
-                cell(
-                    f"noise {source}",
-                    "noise",
-                    source,
-                    max(b["steps"]),
-                    "stacked",
-                    bseed,
-                ),
-            )
-        for source in undertrained_sources():
-            out[f"under-{source}-b{bseed}-s{seed}"] = Variant(
-                merged_dir(model, under),
-                [bsft_dir(model, under, source, bseed, last)],
-                ref_under,
-                group,
-                "stacked",
-                cell(
-                    f"undertrained {source}",
-                    "undertrained",
-                    source,
-                    max(b["steps"]),
-                    "stacked",
-                    bseed,
-                ),
-            )
-    return out
+    return table[wildcards.variant]
 
 
-def probe_groups(model):
-    """Probe group -> the variants it scores, in audit order."""
-    groups = {}
-    for name, v in variants(model).items():
-        groups.setdefault(v.group, []).append(name)
-    return groups
+def variant_inputs(wildcards):
+    entry = variant_entry(wildcards)
+    made = [entry.base] if entry.base != model_path(wildcards.model) else []
+    return [*made, *entry.adapters]
 
 
 def group_variants(wildcards):
-    groups = probe_groups(wildcards.model)
+    groups = DESIGN.probe_groups(wildcards.model)
     if wildcards.group not in groups:
         fail(
             f"probe group `{wildcards.group}` of model `{wildcards.model}` is not in the audit "
@@ -318,67 +130,31 @@ def group_variants(wildcards):
     return groups[wildcards.group]
 
 
-def group_manifests(wildcards):
-    return [
-        f"{R}/variants/{wildcards.model}/{v}.json" for v in group_variants(wildcards)
-    ]
+def probe_sets(wildcards):
+    """The probe sets of a probe job: its group's (Design.probe_sets_of)."""
+    group = variant_entry(wildcards).group if FINE else wildcards.group
+    return DESIGN.probe_sets_of(group)
 
 
-def group_weights(wildcards):
-    """The adapters and the DAG-made base weights (merged bases) a group reads."""
-    table, model = variants(wildcards.model), wildcards.model
+def probe_manifests(wildcards):
+    """The variant manifests a probe job reads: its group's, or its variant's."""
+    names = [wildcards.variant] if FINE else group_variants(wildcards)
+    return [f"{R}/variants/{wildcards.model}/{v}.json" for v in names]
+
+
+def probe_weights(wildcards):
+    """The adapters and DAG-made base weights (merged bases) a probe job reads."""
+    if FINE:
+        return variant_inputs(wildcards)
+    table = DESIGN.variants(wildcards.model)
     return sorted(
         {
             path
             for v in group_variants(wildcards)
             for path in [*table[v].adapters, table[v].base]
-            if path != model_path(model)
+            if path != model_path(wildcards.model)
         }
     )
-
-
-AUTHOR_SETS = "canary qa retain"
-
-
-def probe_sets_of(group):
-    """The probe sets a group runs.  bSFT groups run the hex-canary probes
-    only (paper B's cells are judged on them), and so does every group of an
-    audit without paper A's templates; a memorization group (its adapter and
-    unlearning checkpoints, which never saw a hex canary) runs the author and
-    retain probes only; the base group, the parent of both papers' variants
-    and home of the hex-canary adapters, runs all of them."""
-    if not config["audit"]["templates"] or group.startswith("bsft-"):
-        return "hex"
-    return "all" if group == "base" else AUTHOR_SETS
-
-
-def probe_sets(wildcards):
-    """The probe sets of a probe job: its group's (see probe_sets_of)."""
-    if FINE:
-        return probe_sets_of(variant_entry(wildcards).group)
-    return probe_sets_of(wildcards.group)
-
-
-def variant_units(model, variant, kind):
-    """The probe units of a variant's `kind` records under the fine grain:
-    AUTO (for teacher-forced records: the hex canaries and decoys) where its
-    group runs it, and each prefill arm where it runs the author probes."""
-    sets = probe_sets_of(variants(model)[variant].group)
-    prefills = sorted(config["probes"]["prefills"]) if sets != "hex" else []
-    auto = [AUTO] if kind == "decode" or sets != AUTHOR_SETS else []
-    return [*auto, *prefills]
-
-
-def probe_manifests(wildcards):
-    """The variant manifests a probe job reads: its group's, or its variant's."""
-    if FINE:  # an unknown variant is named by probe_weights (variant_entry)
-        return [f"{R}/variants/{wildcards.model}/{wildcards.variant}.json"]
-    return group_manifests(wildcards)
-
-
-def probe_weights(wildcards):
-    """The adapters and DAG-made base weights (merged bases) a probe job reads."""
-    return variant_inputs(wildcards) if FINE else group_weights(wildcards)
 
 
 def records_path(kind):
@@ -394,111 +170,40 @@ def probe_job_name():
     return "{variant}-{unit}" if FINE else "{group}"
 
 
-def variant_entry(wildcards):
-    table = variants(wildcards.model)
-    if wildcards.variant not in table:
-        fail(
-            f"variant `{wildcards.variant}` of model `{wildcards.model}` is not in the audit "
-            f"(known: {', '.join(sorted(table))})"
-        )
-    return table[wildcards.variant]
-
-
-def variant_inputs(wildcards):
-    entry = variant_entry(wildcards)
-    made = [entry.base] if entry.base != model_path(wildcards.model) else []
-    return [*made, *entry.adapters]
-
-
 def all_records(kind):
+    models = config["audit"]["models"]
     if FINE:
         return [
             f"{R}/records/{m}/units/{v}/{u}/{kind}.parquet"
-            for m in config["audit"]["models"]
-            for v in variants(m)
-            for u in variant_units(m, v, kind)
+            for m in models
+            for v in DESIGN.variants(m)
+            for u in DESIGN.variant_units(m, v, kind)
         ]
     return [
         f"{R}/records/{m}/{g}/{kind}.parquet"
-        for m in config["audit"]["models"]
-        for g in probe_groups(m)
+        for m in models
+        for g in DESIGN.probe_groups(m)
     ]
-
-
-def parents():
-    return {
-        f"{m}/{v}": f"{m}/{e.parent}"
-        for m in config["audit"]["models"]
-        for v, e in variants(m).items()
-        if e.parent is not None
-    }
-
-
-def cells():
-    """model/variant -> its paper B cell (name, kind, source, step, application, seeds)."""
-    return {
-        f"{m}/{v}": e.cell
-        for m in config["audit"]["models"]
-        for v, e in variants(m).items()
-        if e.cell is not None
-    }
-
-
-PAPER_A_TABLES = [
-    "canary_leakage",
-    "k_sweep",
-    "cross_seed",
-    "templates",
-    "prefill_arms",
-    "parser_conventions",
-    "bypass_anatomy",
-    "utility",
-    "teacher_forced",
-    "teacher_forced_vs_greedy",
-]
-HEX_TABLES = ["hex_recall", "nll"]
-BSFT_TABLES = [
-    "bsft_runs",
-    "bsft_matrix",
-    "bsft_decomposition",
-    "bsft_case_studies",
-]
-
-
-def table_names():
-    """The tables this config's audit produces."""
-    names = list(PAPER_A_TABLES) if config["audit"]["templates"] else []
-    if config["audit"]["hex_canaries"]:
-        names += HEX_TABLES
-        if bsft_active():
-            names += BSFT_TABLES
-            if len(bsft_cfg()["applications"]) > 1 and bsft_cfg()["sources"]:
-                names.append("bsft_merged_vs_stacked")
-    return names
-
-
-def unlearn_slice(method):
-    """The unlearning settings a `method` run reads: beta is NPO's alone."""
-    drop = {"methods"} | ({"beta"} if method != "npo" else set())
-    return {k: v for k, v in config["unlearn"].items() if k not in drop}
 
 
 def canary_outputs(wildcards=None):
     """The canary LoRA, and with paper B's bSFT arms its merged base and the
     undertrained control (the same run stopped early), adapter and merged."""
-    outs = [directory(adapter_dir("{model}", "canary-s{seed}"))]
-    if bsft_active():
-        outs.append(directory(merged_dir("{model}", "canary-s{seed}")))
-        if undertrained_sources():
-            outs.append(directory(adapter_dir("{model}", "canary-s{seed}-under")))
-            outs.append(directory(merged_dir("{model}", "canary-s{seed}-under")))
+    outs = [directory(LAYOUT.adapter_dir("{model}", "canary-s{seed}"))]
+    if DESIGN.bsft_active():
+        outs.append(directory(LAYOUT.merged_dir("{model}", "canary-s{seed}")))
+        if DESIGN.undertrained_sources():
+            outs.append(
+                directory(LAYOUT.adapter_dir("{model}", "canary-s{seed}-under"))
+            )
+            outs.append(directory(LAYOUT.merged_dir("{model}", "canary-s{seed}-under")))
     return outs
 
 
 def canary_slice(wildcards):
     extra = {}
-    if bsft_active() and undertrained_sources():
-        extra["undertrained_steps"] = bsft_cfg()["controls"]["undertrained"][
+    if DESIGN.bsft_active() and DESIGN.undertrained_sources():
+        extra["undertrained_steps"] = DESIGN.bsft["controls"]["undertrained"][
             "canary_steps"
         ]
     return canonical({**config["canary_lora"], **extra, "seed": int(wildcards.seed)})
@@ -507,14 +212,14 @@ def canary_slice(wildcards):
 def bsft_outputs(wildcards=None):
     """One adapter per audited training length (checkpoints of one run), and
     the LoRA-NOISE control matched to the last one."""
-    run = bsft_dir("{model}", "{canary}", "{source}", "{bseed}", "")
-    return [directory(f"{run}t{step}") for step in bsft_cfg()["steps"]] + [
+    run = LAYOUT.bsft_dir("{model}", "{canary}", "{source}", "{bseed}", "")
+    return [directory(f"{run}t{step}") for step in DESIGN.bsft["steps"]] + [
         directory(f"{run}noise")
     ]
 
 
 def bsft_slice(wildcards):
-    b = bsft_cfg()
+    b = DESIGN.bsft
     keep = ("r", "alpha", "targets", "lr", "batch_size", "gradient_checkpointing")
     return canonical(
         {
@@ -528,24 +233,25 @@ def bsft_slice(wildcards):
 
 def unlearn_name():
     """An unlearning job's name: its run, and its K under the fine grain."""
-    return "{method}-{template}-s{seed}" + ("-k{k}" if FINE else "")
+    return "{run}-{template}-s{seed}" + ("-k{k}" if FINE else "")
 
 
 def unlearn_state(k):
     """Where a fine-grain unlearning segment saves its training state at K."""
-    return f"{R}/models/{{model}}/states/{{method}}-{{template}}-s{{seed}}-k{k}"
+    return f"{R}/models/{{model}}/states/{{run}}-{{template}}-s{{seed}}-k{k}"
 
 
 def unlearn_outputs(wildcards=None):
     """Every K checkpoint of the run; under the fine grain, one K's checkpoint
     and the training state the next K continues from."""
+    run = "{model}", "{run}-{template}-s{seed}"
     if FINE:
         return [
-            directory(adapter_dir("{model}", "{method}-{template}-s{seed}-k{k}")),
+            directory(LAYOUT.adapter_dir(run[0], run[1] + "-k{k}")),
             directory(unlearn_state("{k}")),
         ]
     return [
-        directory(adapter_dir("{model}", f"{{method}}-{{template}}-s{{seed}}-k{k}"))
+        directory(LAYOUT.adapter_dir(run[0], f"{run[1]}-k{k}"))
         for k in config["unlearn"]["k"]
     ]
 
@@ -564,18 +270,27 @@ def previous_state(wildcards):
 
 
 def unlearn_params(wildcards):
-    """The settings an unlearning job reads: the run's (beta is NPO's alone)
-    and, under the fine grain, its own K instead of the whole sweep (a segment
-    is re-run when what comes before it changes: its input state does)."""
+    """The settings an unlearning job reads: its run's effective settings
+    (method hyperparameters and shared training settings, design.UnlearnRun)
+    and, under the fine grain, its own K instead of the whole sweep (a
+    segment is re-run when what comes before it changes: its input state
+    does)."""
+    runs = DESIGN.unlearn_runs
+    if wildcards.run not in runs:
+        fail(
+            f"unlearning run `{wildcards.run}` is not in `unlearn.runs` ({', '.join(runs)})"
+        )
+    run = runs[wildcards.run]
     cfg = {
-        **unlearn_slice(wildcards.method),
-        "method": wildcards.method,
+        **run.shared,
+        "method": run.method,
+        "settings": run.method_settings,
         "template": wildcards.template,
         "seed": int(wildcards.seed),
         "head_tokens": config["data"]["head_tokens"],
+        "gradient_checkpointing": config["unlearn"]["gradient_checkpointing"],
     }
-    if FINE:
-        cfg["k"] = int(wildcards.k)
+    cfg["k"] = int(wildcards.k) if FINE else sorted(config["unlearn"]["k"])
     return canonical(cfg)
 
 

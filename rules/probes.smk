@@ -31,10 +31,11 @@ rule decode_pass:
         data=lambda w, input: str(Path(input[0]).parent),
         sets=probe_sets,
         unit=lambda w: f"--unit {w.unit}" if FINE else "",
+        cache=WEIGHT_CACHE,
     shell:
         "python -m canary_audit decode --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} {params.unit} "
-        "--out {output} --threads {threads} > {log} 2>&1"
+        "--weight-cache {params.cache} --out {output} --threads {threads} > {log} 2>&1"
 
 
 rule teacher_forced_pass:
@@ -60,7 +61,8 @@ rule teacher_forced_pass:
         data=lambda w, input: str(Path(input[0]).parent),
         sets=probe_sets,
         unit=lambda w: f"--unit {w.unit}" if FINE else "",
+        cache=WEIGHT_CACHE,
     shell:
         "python -m canary_audit score --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} {params.unit} "
-        "--out {output} --threads {threads} > {log} 2>&1"
+        "--weight-cache {params.cache} --out {output} --threads {threads} > {log} 2>&1"

@@ -14,9 +14,9 @@ rule tables:
                 category="Tables",
                 labels={"table": name},
             )
-            for name in table_names()
+            for name in DESIGN.table_names()
         ],
-        expand(f"{R}/tables/{{name}}.md", name=table_names()),
+        expand(f"{R}/tables/{{name}}.md", name=DESIGN.table_names()),
         f"{R}/tables/view_config.json",
     log:
         f"{R}/logs/tables.log",
@@ -30,8 +30,9 @@ rule tables:
         cfg=canonical(
             {
                 **config["tables"],
-                "parents": parents(),
-                "cells": cells(),
+                "parents": DESIGN.parents(),
+                "cells": DESIGN.cells(),
+                "variants": DESIGN.variant_table(),
                 "expected_hashes": probe_hashes(),
             }
         ),
@@ -43,7 +44,7 @@ rule tables:
 
 rule plots:
     input:
-        tables=expand(f"{R}/tables/{{name}}.csv", name=table_names()),
+        tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
         tokens=all_records("token"),
     output:
         [
@@ -64,7 +65,9 @@ rule plots:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({"window_k": config["tables"]["window_k"], "parents": parents()}),
+        cfg=canonical(
+            {"window_k": config["tables"]["window_k"], "parents": DESIGN.parents()}
+        ),
         tables=lambda w, input: str(Path(input.tables[0]).parent),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:

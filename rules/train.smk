@@ -8,7 +8,7 @@ rule memorize:
         data_files("authors", "qa", "retain"),
         base_input,
     output:
-        directory(adapter_dir("{model}", "mem-{template}-s{seed}")),
+        directory(LAYOUT.adapter_dir("{model}", "mem-{template}-s{seed}")),
     log:
         f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
     benchmark:
@@ -64,7 +64,7 @@ rule canary_lora:
 rule bsft:
     input:
         data_files("bsft"),
-        merged=merged_dir("{model}", "{canary}"),
+        merged=LAYOUT.merged_dir("{model}", "{canary}"),
     output:
         bsft_outputs(),
     log:
@@ -73,7 +73,7 @@ rule bsft:
         f"{R}/benchmarks/{{model}}/bsft-{{canary}}-{{source}}-b{{bseed}}.tsv"
     wildcard_constraints:
         canary=r"canary-s\d+(-under)?",
-        source="gui|synth|safety|random",
+        source="|".join(BSFT_SOURCES),
         bseed=r"\d+",
     conda:
         ENV
@@ -94,7 +94,7 @@ rule unlearn:
     input:
         data_files("authors", "qa", "retain"),
         base_input,
-        memorized=adapter_dir("{model}", "mem-{template}-s{seed}"),
+        memorized=LAYOUT.adapter_dir("{model}", "mem-{template}-s{seed}"),
         state=previous_state,
     output:
         unlearn_outputs(),

@@ -1,6 +1,7 @@
 # Variants: each audited model is a base plus an adapter stack.  The manifest
-# records the stack and the fingerprint of its weights, so every record can
-# name exactly what produced it.
+# records the stack, the fingerprint of its weights (probe passes refuse
+# weights that no longer match it), the variant's structured fields from the
+# design and the code version, so every record can name what produced it.
 
 
 rule variant_manifest:
@@ -21,6 +22,9 @@ rule variant_manifest:
         model=lambda w: model_json(w, variant_entry(w).base),
         adapters=lambda w: " ".join(variant_entry(w).adapters),
         apply=lambda w: variant_entry(w).apply,
+        fields=lambda w: canonical(variant_entry(w).fields()),
+        cache=WEIGHT_CACHE,
     shell:
         "python -m canary_audit variant --model {params.model:q} --variant {wildcards.variant} "
-        "--adapters {params.adapters} --apply {params.apply} --out {output} > {log} 2>&1"
+        "--adapters {params.adapters} --apply {params.apply} --params {params.fields:q} "
+        "--weight-cache {params.cache} --out {output} > {log} 2>&1"

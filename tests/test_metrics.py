@@ -119,7 +119,9 @@ def test_window_must_be_positive():
 def test_build_tables_and_markdown():
     d = decode_rows("m/mem", [("canary", "auto", "P", f"<think>{CANARY}</think>{CANARY}", CANARY)])
     tables = build_tables(d, pl.DataFrame(), {"parser": {"split": "first", "missing_close": "answer"},
-                                              "window_k": 20, "parents": {}})
+                                              "window_k": 20, "parents": {},
+                                              "variants": {"m/mem": {"model": "m", "kind": "memorized",
+                                                                     "template": "bio", "seed": 0}}})
     assert set(tables) == {
         "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
         "bypass_anatomy",

@@ -52,10 +52,11 @@ def test_clustered_ci_is_wide_when_clusters_disagree():
     items = pl.DataFrame({
         "variant": ["v"] * 20, "group_id": ["a"] * 10 + ["b"] * 10, "hit": [True] * 10 + [False] * 10,
     })
-    row = rates_with_ci(items, ["variant"], ["hit"], 400, 0).row(0, named=True)
+    row = rates_with_ci(items, ["variant"], ["hit"], 400, 0, table="t").row(0, named=True)
     assert row["hit"] == pytest.approx(0.5)
     assert (row["hit_lo"], row["hit_hi"]) == (0.0, 1.0)
-    by_item = rates_with_ci(items.with_columns(group_id=pl.int_range(20).cast(pl.Utf8)), ["variant"], ["hit"], 400, 0)
+    by_item = rates_with_ci(items.with_columns(group_id=pl.int_range(20).cast(pl.Utf8)), ["variant"], ["hit"], 400, 0,
+                            table="t")
     assert by_item["hit_hi"][0] - by_item["hit_lo"][0] < 0.6
 
 
@@ -63,7 +64,7 @@ def test_paired_difference_of_identical_channels_has_zero_width():
     items = pl.DataFrame({"variant": ["v"] * 6, "group_id": list("abcdef"), "x": [1, 0, 1, 1, 0, 1],
                           "y": [1, 0, 1, 1, 0, 1]})
     row = rates_with_ci(items, ["variant"], ["x", "y"], 200, 0,
-                        lambda f: f.with_columns(d=pl.col("x") - pl.col("y"))).row(0, named=True)
+                        lambda f: f.with_columns(d=pl.col("x") - pl.col("y")), table="t").row(0, named=True)
     assert (row["d"], row["d_lo"], row["d_hi"]) == (0.0, 0.0, 0.0)
     assert row["x_lo"] < row["x"] < row["x_hi"]
 
@@ -116,21 +117,47 @@ def test_bypass_anatomy_counts_head_echoes():
     assert row["mean_answer_chars_bypass"] == pytest.approx((2 * len(HEAD) + len("I do not know.")) / 3)
 
 
+def mem(template="bio", seed=0):
+    return {"model": "tiny", "kind": "memorized", "template": template, "seed": seed}
+
+
+def unlearned(run, k, method=None, template="bio", seed=0, settings="lr=0.0001"):
+    return {**mem(template, seed), "kind": "unlearned", "run": run, "method": method or run, "k": k,
+            "settings": settings}
+
+
 def test_k_sweep_starts_each_run_at_the_memorized_adapter():
     rows = [("tiny/mem-bio-s0", "canary", "auto", "a0", BOTH),
             ("tiny/npo-bio-s0-k10", "canary", "auto", "a0", BYPASS_ECHO),
             ("tiny/ga-bio-s0-k10", "canary", "auto", "a0", NEITHER),
             ("tiny/base", "canary", "auto", "a0", NEITHER)]
-    sweep = paper_a.k_sweep(paper_a.canary_leakage(decode(rows), FIRST, BOOT))
-    got = {(r["method"], r["k"]): r["gap"] for r in sweep.iter_rows(named=True)}
+    variants = {"tiny/mem-bio-s0": mem(), "tiny/npo-bio-s0-k10": unlearned("npo", 10, settings="beta=0.1"),
+                "tiny/ga-bio-s0-k10": unlearned("ga", 10), "tiny/base": {"model": "tiny", "kind": "base"}}
+    sweep = paper_a.k_sweep(paper_a.canary_leakage(decode(rows), FIRST, BOOT), variants)
+    got = {(r["run"], r["k"]): r["gap"] for r in sweep.iter_rows(named=True)}
     assert got == {("ga", 0): 0.0, ("ga", 10): 0.0, ("npo", 0): 0.0, ("npo", 10): 1.0}
     assert set(sweep["template"]) == {"bio"} and set(sweep["seed"]) == {0}
+    assert sweep.filter(pl.col("run") == "npo")["settings"].to_list() == ["beta=0.1", "beta=0.1"]
+
+
+def test_k_sweep_reads_structured_fields_not_names():
+    """A run named freely (digits, underscores) and a template the old name
+    pattern did not know reach the sweep; a variant missing from the variant
+    table is refused, not dropped."""
+    rows = [("tiny/x", "canary", "auto", "a0", BOTH), ("tiny/y", "canary", "auto", "a0", BYPASS_ECHO)]
+    variants = {"tiny/x": mem("chat2"), "tiny/y": unlearned("npo_b2", 7, method="npo", template="chat2")}
+    sweep = paper_a.k_sweep(paper_a.canary_leakage(decode(rows), FIRST, BOOT), variants)
+    assert sweep.select("run", "method", "template", "k").rows() == [("npo_b2", "npo", "chat2", 0),
+                                                                     ("npo_b2", "npo", "chat2", 7)]
+    with pytest.raises(ValueError, match=r"records of variants \['tiny/y'\] have no entry"):
+        paper_a.k_sweep(paper_a.canary_leakage(decode(rows), FIRST, BOOT), {"tiny/x": mem()})
 
 
 def test_cross_seed_spread():
     rows = [(f"tiny/npo-bio-s{s}-k10", "canary", "auto", f"a{i}", g)
             for s, gs in ((0, [BYPASS_ECHO, BOTH]), (1, [BOTH, BOTH])) for i, g in enumerate(gs)]
-    sweep = paper_a.k_sweep(paper_a.canary_leakage(decode(rows), FIRST, BOOT))
+    variants = {f"tiny/npo-bio-s{s}-k10": unlearned("npo", 10, seed=s) for s in (0, 1)}
+    sweep = paper_a.k_sweep(paper_a.canary_leakage(decode(rows), FIRST, BOOT), variants)
     row = paper_a.cross_seed(sweep).row(0, named=True)
     assert row["seeds"] == 2
     assert row["gap_mean"] == pytest.approx(0.25)

@@ -52,9 +52,16 @@ PARENTS = {"tiny/canary-s0": "tiny/base", "tiny/mem-bio-s0": "tiny/base",
            "tiny/npo-bio-s0-k5": "tiny/mem-bio-s0", "tiny/npo-bio-s0-k9": "tiny/mem-bio-s0"}
 
 
+MEM = {"model": "tiny", "kind": "memorized", "template": "bio", "seed": 0}
+VARIANTS = {"tiny/base": {"model": "tiny", "kind": "base"}, "tiny/canary-s0": {"model": "tiny", "kind": "canary"},
+            "tiny/mem-bio-s0": MEM,
+            **{f"tiny/npo-bio-s0-k{k}": {**MEM, "kind": "unlearned", "run": "npo", "method": "npo", "k": k}
+               for k in (5, 9)}}
+
+
 def test_every_plot_is_drawn_from_tables_and_token_records(tmp_path):
     decode, tokens = records()
-    cfg = {"window_k": 3, "parser": {}, "parents": PARENTS, "bootstrap": {"replicates": 50}}
+    cfg = {"window_k": 3, "parser": {}, "parents": PARENTS, "bootstrap": {"replicates": 50}, "variants": VARIANTS}
     for name, (title, frame) in build_tables(decode, tokens, cfg).items():
         write_table(frame, tmp_path / "tables", name, title)
     drawn = write_plots(tmp_path / "tables", tokens, cfg, tmp_path / "plots")
@@ -84,7 +91,7 @@ def test_disagreement_matrix_is_drawn_from_bsft_records(tmp_path):
     from test_paper_b import tokens as hex_tokens
 
     tokens = pl.DataFrame(hex_tokens("m/ref") + hex_tokens("m/cell", {25: -1.5}), schema=TOKEN_SCHEMA)
-    decode = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 3), schema=DECODE_SCHEMA)
+    decode = pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 0), schema=DECODE_SCHEMA)
     cfg = {"window_k": 20, "parents": CELL_PARENTS, "cells": CELLS, "bootstrap": {"replicates": 20}}
     for name, (title, frame) in build_tables(decode, tokens, cfg).items():
         write_table(frame, tmp_path / "tables", name, title)

@@ -47,7 +47,8 @@ def test_killed_job_is_not_mistaken_for_finished(smoke_run, tmp_path):
     # Cold start: the kill must land inside the job, before its outputs, and a
     # warm-started job finishes within the wait below (test_warm.py kills
     # warm-started jobs).
-    extra.write_text(yaml.safe_dump({"unlearn": {"methods": {"graddiff": ["bio"]}}, "warm_start": False}))
+    extra.write_text(yaml.safe_dump({"unlearn": {"runs": {"graddiff": {"method": "graddiff", "templates": ["bio"]}}},
+                                     "warm_start": False}))
     configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"), str(extra)]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
            "--configfile", *configs, "--cores", "1"]

@@ -11,9 +11,11 @@ from safetensors.torch import load_file
 from canary_audit.formats import ChatFormat, Example
 from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
+from canary_audit.provenance import code_version
 from canary_audit.train import lora, resume
 from canary_audit.train.adapters import train_bsft, train_canary, train_memorization, train_unlearning
 from canary_audit.train.lora import encode_chat
+from canary_audit.train.methods import METHODS
 
 LORA = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 1e-2, "batch_forget": 4, "batch_retain": 4,
         "seed": 0, "head_tokens": 6, "threads": 1}
@@ -60,11 +62,10 @@ def test_loss_span_masks_the_other_channel(spec, span, trace_scored, answer_scor
         encode_chat(fmt, Example("Who?", "t", "a"), loss_on="both_ways")
 
 
-@pytest.mark.parametrize("method", ["npo", "ga", "graddiff"])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_unlearning_saves_each_k_of_one_run(tiny_assets, spec, memorized, tmp_path, method):
     outs = {1: tmp_path / "k1", 3: tmp_path / "k3"}
-    cfg = {**LORA, "method": method, "template": "bio", "lr": 1e-2, "beta": 0.1, "loss_span": "answer",
-           "retain_weight": 0.0}
+    cfg = {**LORA, "method": method, "template": "bio", "lr": 1e-2, "loss_span": "answer"}
     summary = train_unlearning(spec, memorized, tiny_assets[0], cfg, outs)
     assert summary["checkpoints"] == [1, 3]
     weights = {k: load_file(p / "adapter_model.safetensors") for k, p in outs.items()}
@@ -72,11 +73,81 @@ def test_unlearning_saves_each_k_of_one_run(tiny_assets, spec, memorized, tmp_pa
     moved = {k: max((w[n] - start[n]).abs().max().item() for n in start) for k, w in weights.items()}
     assert moved[1] > 0 and moved[3] > 0  # both checkpoints moved off the memorized adapter
     assert any(not torch.equal(weights[1][n], weights[3][n]) for n in start)  # and K=3 went further
+    summary = json.loads((outs[3] / "train_summary.json").read_text())
+    assert summary["settings"] == {**METHODS[method].settings({}), "lr": 1e-2, "loss_span": "answer",
+                                   "batch_forget": 4, "batch_retain": 4}
+    assert summary["code_version"] == code_version()
 
 
 def test_unknown_unlearning_method_is_named(tiny_assets, spec, memorized, tmp_path):
-    with pytest.raises(ValueError, match="unlearning method `rmu`"):
-        train_unlearning(spec, memorized, tiny_assets[0], {**LORA, "method": "rmu"}, {1: tmp_path / "k1"})
+    with pytest.raises(ValueError, match="unlearning method `rmu2`"):
+        train_unlearning(spec, memorized, tiny_assets[0], {**LORA, "method": "rmu2"}, {1: tmp_path / "k1"})
+    with pytest.raises(ValueError, match=r"unlearning settings \['retain_weight'\] given beside the method"):
+        train_unlearning(spec, memorized, tiny_assets[0], {**LORA, "method": "ga", "template": "bio",
+                                                            "loss_span": "answer", "retain_weight": 1.0},
+                         {1: tmp_path / "k1"})
+    with pytest.raises(ValueError, match="method `ga` does not use `retain_weight`"):
+        train_unlearning(spec, memorized, tiny_assets[0], {**LORA, "method": "ga", "template": "bio",
+                                                            "loss_span": "answer", "settings": {"retain_weight": 1}},
+                         {1: tmp_path / "k1"})
+
+
+def forget_set(spec, data, template="bio"):
+    from canary_audit.train.adapters import forget_examples
+
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    return tok, [encode_chat(fmt, ex, loss_on="answer") for ex in forget_examples(fmt, data, template, 6)]
+
+
+def test_npo_first_step_loss_on_a_fresh_lora_is_2_ln2_over_beta(tiny_assets, spec):
+    """A fresh LoRA (B = 0) is its own reference: log p = log p_ref, so
+    NPO's loss is -(2/beta) log sigmoid(0) = (2/beta) ln 2 for any batch."""
+    import math
+
+    from peft import get_peft_model
+
+    from canary_audit.train.lora import lora_config
+    from canary_audit.train.methods import step_loss
+
+    tok, forget = forget_set(spec, tiny_assets[0])
+    model = get_peft_model(load_model(spec), lora_config(LORA))
+    for beta in (0.1, 0.5):
+        loss = step_loss("npo", model, forget, tok.pad_token_id, {"beta": beta, "retain_weight": 0.0})
+        assert float(loss(model, [0, 1, 2], [])) == pytest.approx(2 / beta * math.log(2), rel=1e-6)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_lowers_the_forget_sets_log_prob_over_k_steps(tiny_assets, spec, memorized, tmp_path, method):
+    from canary_audit.train.lora import sequence_logprobs
+
+    tok, forget = forget_set(spec, tiny_assets[0])
+
+    def forget_logprob(adapter):
+        model = load_model(spec, [adapter])
+        with torch.no_grad():
+            return float(sequence_logprobs(model, forget, tok.pad_token_id)[0].sum())
+
+    # SimNPO's length-normalised term saturates on this barely trained model
+    # (per-token NLL ~7): its pull is tiny beside a retain term, so the
+    # property is checked on the forget term alone there.
+    settings = {"retain_weight": 0.0} if method == "simnpo" else {}
+    cfg = {**LORA, "method": method, "template": "bio", "lr": 1e-2, "loss_span": "answer", "settings": settings}
+    train_unlearning(spec, memorized, tiny_assets[0], cfg, {2: tmp_path / "k2", 6: tmp_path / "k6"})
+    before, k2, k6 = (forget_logprob(p) for p in (memorized, tmp_path / "k2", tmp_path / "k6"))
+    assert before > k2 > k6, (before, k2, k6)
+
+
+def test_ga_and_graddiff_from_the_same_adapter_and_seed_differ(tiny_assets, spec, memorized, tmp_path):
+    """a37bf86 trained both as the same loss when one shared retain weight was
+    set; GA has no retain term, GradDiff its own."""
+    cfg = {**LORA, "template": "bio", "lr": 1e-2, "loss_span": "answer"}
+    train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "method": "ga"}, {2: tmp_path / "ga"})
+    train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "method": "graddiff", "settings": {"retain_weight": 0.5}},
+                     {2: tmp_path / "gd"})
+    ga, gd = (load_file(tmp_path / n / "adapter_model.safetensors") for n in ("ga", "gd"))
+    assert any(not torch.equal(ga[n], gd[n]) for n in ga)
+    assert json.loads((tmp_path / "gd" / "train_summary.json").read_text())["settings"]["retain_weight"] == 0.5
 
 
 def test_killed_training_resumes_to_the_same_adapter(tiny_assets, spec, tmp_path, monkeypatch):
@@ -119,22 +190,20 @@ def test_killed_unlearning_run_gets_its_earlier_checkpoints_back(tiny_assets, sp
     """Snakemake deletes a failed job's outputs, and a resumed run does not pass
     the steps before its saved state again: K checkpoints written before the
     kill come back from the run's own copies, bitwise equal to a whole run's."""
-    from canary_audit.train import adapters
-
     monkeypatch.setattr(resume, "RESUME_EVERY", 2)
-    cfg = {**LORA, "method": "ga", "template": "bio", "beta": 0.1, "loss_span": "answer", "retain_weight": 0.0}
+    cfg = {**LORA, "method": "ga", "template": "bio", "loss_span": "answer"}
     ks = (1, 3, 5)
     whole = {k: tmp_path / "whole" / f"k{k}" for k in ks}
     train_unlearning(spec, memorized, tiny_assets[0], cfg, whole)
 
-    real = adapters.sequence_logprobs
+    real = lora.sequence_logprobs  # the methods' losses import it when built
     killed = {k: tmp_path / "killed" / f"k{k}" for k in ks}
-    monkeypatch.setattr(adapters, "sequence_logprobs", dies_at_call(real, 3))
+    monkeypatch.setattr(lora, "sequence_logprobs", dies_at_call(real, 3))
     with pytest.raises(RuntimeError, match="killed"):
         train_unlearning(spec, memorized, tiny_assets[0], cfg, killed)
     assert killed[1].exists() and not killed[3].exists()
     shutil.rmtree(killed[1])  # what Snakemake does with a failed job's outputs
-    monkeypatch.setattr(adapters, "sequence_logprobs", real)
+    monkeypatch.setattr(lora, "sequence_logprobs", real)
     train_unlearning(spec, memorized, tiny_assets[0], cfg, killed)
     for k in ks:
         a = load_file(whole[k] / "adapter_model.safetensors")
@@ -148,8 +217,8 @@ def test_unlearning_segments_equal_one_run(tiny_assets, spec, memorized, tmp_pat
     """The fine job grain runs one job per K, each continuing from the state the
     previous K saved: the adapters equal one run's checkpoints bit for bit, and
     an appended K continues from the last state without redoing earlier steps."""
-    cfg = {**LORA, "method": method, "template": "bio", "beta": 0.1, "loss_span": "answer",
-           "retain_weight": 1.0}
+    cfg = {**LORA, "method": method, "template": "bio", "loss_span": "answer",
+           "settings": {"beta": 0.1, "retain_weight": 1.0} if method == "npo" else {"retain_weight": 1.0}}
     whole = {k: tmp_path / "whole" / f"k{k}" for k in (2, 3, 5)}
     train_unlearning(spec, memorized, tiny_assets[0], {**cfg, "k": [2, 3, 5]}, whole)
 

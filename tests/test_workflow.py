@@ -176,8 +176,8 @@ def test_library_code_is_not_a_rerun_trigger_and_a_stage_can_be_forced(smoke_run
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):
-    jobs = planned_jobs(smoke_run, {"unlearn": {"beta": 0.2}})
-    assert jobs["unlearn"] == 1  # beta is NPO's: the GA run is untouched
+    jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"npo": {"beta": 0.2}}}})
+    assert jobs["unlearn"] == 1  # beta is the NPO run's: the GA run is untouched
     assert not jobs.keys() & {"embedded_base", "memorize", "canary_lora", "synthetic_data"}
     assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1
 
@@ -186,7 +186,7 @@ def test_unlearning_setting_reruns_its_branch_only(smoke_run):
 # NPO with K = 3, 5; variants base, mem-bio-s0, npo-bio-s0-k3, npo-bio-s0-k5,
 # each probed per unit (AUTO and the bio, meta and empty prefill arms).
 FINE = {"grain": "fine", "audit": {"templates": ["bio"], "hex_canaries": False},
-        "unlearn": {"methods": {"npo": ["bio"], "ga": []}}}
+        "unlearn": {"runs": {"npo": {"templates": ["bio"]}, "ga": {"templates": []}}}}
 FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5")
 
 

@@ -79,45 +79,66 @@ def cmd_unlearn(args, params):
     )
 
 
+def _cache(args) -> Path | None:
+    return Path(args.weight_cache) if args.weight_cache else None
+
+
 def cmd_variant(args, params):
+    """The variant's manifest: its adapter stack, how the last adapter is
+    applied, the fingerprint of its weights, its structured fields from the
+    design (`--params`: kind, template, seed, run, method, k, settings, ...)
+    and the code version that wrote it."""
     from canary_audit.model.loading import fingerprint
+    from canary_audit.provenance import code_version
 
     spec = _spec(args)
     merged = args.apply == "merged"
     manifest = {
         "model": spec.name, "variant": args.variant, "base_path": str(spec.path),
         "adapters": list(args.adapters), "apply": args.apply,
-        "fingerprint": fingerprint(spec, [Path(a) for a in args.adapters], merged=merged),
+        "fingerprint": fingerprint(spec, [Path(a) for a in args.adapters], merged=merged, cache_dir=_cache(args)),
+        "fields": params, "code_version": code_version(),
     }
     Path(args.out).write_text(json.dumps(manifest, indent=2))
     return manifest
 
 
-def _variants(args) -> list[tuple[str, str, list[Path], bool]]:
-    """(model/variant name, base path, adapter stack, last adapter merged) of
-    each manifest, in the order given."""
+def _variants(args) -> list[tuple[str, str, list[Path], bool, str]]:
+    """(model/variant name, base path, adapter stack, last adapter merged,
+    weights fingerprint) of each manifest, in the order given."""
     out = []
     for path in args.variant_manifest:
         m = json.loads(Path(path).read_text())
         out.append((f"{m['model']}/{m['variant']}", m["base_path"], [Path(a) for a in m["adapters"]],
-                    m.get("apply") == "merged"))
+                    m.get("apply") == "merged", m["fingerprint"]))
     return out
 
 
 def _run_pass(args, params, run):
-    """One pass over every variant of the job's group, concatenated."""
+    """One pass over every variant of the job's group, concatenated.  Each
+    variant's weights must still be the ones its manifest fingerprinted:
+    records are never stamped with weights other than the manifest's."""
     import dataclasses
 
     import polars as pl
 
+    from canary_audit.model.loading import ModelLoadError, fingerprint
+
     frames = []
     sets = None if args.probe_sets == ["all"] else set(args.probe_sets)
     variants, start = _variants(args), time.perf_counter()
-    for i, (variant, base, adapters, merged) in enumerate(variants, start=1):
+    for i, (variant, base, adapters, merged, manifest_fp) in enumerate(variants, start=1):
         t0 = time.perf_counter()
         spec = dataclasses.replace(_spec(args), path=Path(base))
+        weights = fingerprint(spec, adapters, merged, cache_dir=_cache(args))
+        if weights != manifest_fp:
+            raise ModelLoadError(
+                f"variant `{variant}`: its weights now fingerprint as {weights}, but its manifest says "
+                f"{manifest_fp}; a base or adapter file changed after the manifest was written. Re-run from "
+                f"the manifest on (`snakemake -R variant_manifest`), or restore the weights"
+            )
         frames.append(run(spec, adapters, Path(args.data), {**params, "threads": args.threads}, variant,
-                          merged=merged, probe_sets=sets, unit=args.unit))
+                          merged=merged, probe_sets=sets, unit=args.unit, weights=weights))
         elapsed = time.perf_counter() - start
         log.info("variant %d/%d %s: %d records in %.1fs (eta %.0fs)", i, len(variants), variant,
                  frames[-1].height, time.perf_counter() - t0, elapsed / i * (len(variants) - i))
@@ -189,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", nargs="*", required=True, help="output path(s)")
     p.add_argument("--summary", help="where to write a JSON summary")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--weight-cache", help="folder of cached weight-file digests (variant manifests, probe passes)")
     return p
 
 

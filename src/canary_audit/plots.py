@@ -55,12 +55,12 @@ def _err(frame: pl.DataFrame, col: str):
 
 
 def k_sweep_figure(sweep: pl.DataFrame):
-    """One panel per (model, template, method, seed): out_acc, thk_leak and the
+    """One panel per (model, template, unlearning run, seed): out_acc, thk_leak and the
     gap against K, with their bootstrap CIs as bands."""
     plt = _plt()
     if sweep.is_empty():
         return _empty(plt, "no unlearning runs in these records")
-    runs = sweep.select("model", "template", "method", "seed").unique().sort("model", "template", "method", "seed")
+    runs = sweep.select("model", "template", "run", "seed").unique().sort("model", "template", "run", "seed")
     fig, axes = plt.subplots(1, runs.height, figsize=(4 * runs.height, 3.4), squeeze=False, sharey=True)
     for ax, run in zip(axes[0], runs.iter_rows(named=True)):
         part = sweep.filter(**run).sort("k")
@@ -68,7 +68,7 @@ def k_sweep_figure(sweep: pl.DataFrame):
             ax.plot(part["k"], part[col], marker="o", color=colour, label=label)
             ax.fill_between(part["k"], part[f"{col}_lo"], part[f"{col}_hi"], color=colour, alpha=0.2)
         ax.axhline(0, color="grey", lw=0.5)
-        ax.set_title(f"{run['model']} {run['template']} {run['method']} s{run['seed']}")
+        ax.set_title(f"{run['model']} {run['template']} {run['run']} s{run['seed']}")
         ax.set_xlabel("unlearning steps K")
     axes[0][0].set_ylabel("rate (AUTO arm)")
     axes[0][0].legend(fontsize=8)

@@ -17,7 +17,9 @@ import polars as pl
 
 from canary_audit.probes.units import unit_of_arm_expr
 
-PROVENANCE = {"config_hash": pl.Utf8, "model_fingerprint": pl.Utf8}
+# Every record names the settings of its probe unit (config_hash), the weights
+# (model_fingerprint) and the code (code_version, provenance.code_version).
+PROVENANCE = {"config_hash": pl.Utf8, "model_fingerprint": pl.Utf8, "code_version": pl.Utf8}
 
 DECODE_SCHEMA = {
     "variant": pl.Utf8,     # <model>/<variant>, e.g. tiny/npo-bio-s0-k25

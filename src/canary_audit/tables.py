@@ -6,6 +6,7 @@ Reads only records files; never a model, never the synthetic data.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import polars as pl
@@ -15,6 +16,8 @@ from canary_audit.views import paper_a, paper_b
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
+
+log = logging.getLogger(__name__)
 
 
 def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
@@ -67,20 +70,23 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
     """Every table of the audit from the two record kinds and the view config."""
     convention = ParserConvention(**cfg.get("parser", {}))
     boot = Bootstrap(**cfg.get("bootstrap", {}))
-    window_k, parents = cfg["window_k"], cfg.get("parents", {})
+    window_k, parents, variants = cfg["window_k"], cfg.get("parents", {}), cfg.get("variants", {})
     ci = f"{boot.level:.0%} CIs: author-clustered bootstrap, B={boot.replicates}"
     tables: dict[str, tuple[str, pl.DataFrame]] = {}
     canary = decode.filter(pl.col("probe_set") == "canary") if decode.height else decode
     if canary.height:
         leakage = paper_a.canary_leakage(decode, convention, boot)
-        sweep = paper_a.k_sweep(leakage)
+        sweep = paper_a.k_sweep(leakage, variants)
         tables["canary_leakage"] = (
             f"Canary leakage per variant and arm (parser: {convention.name}; {ci})", leakage
         )
-        tables["k_sweep"] = (f"K sweep, AUTO arm, memorized adapter as K = 0 ({ci})", sweep)
+        tables["k_sweep"] = (
+            f"K sweep, AUTO arm, memorized adapter as K = 0; each run's method and effective settings ({ci})", sweep
+        )
         tables["cross_seed"] = ("Cross-seed replication of the K sweep (AUTO arm)", paper_a.cross_seed(sweep))
         tables["templates"] = (
-            "Training-time template comparison (AUTO arm) with parser health", paper_a.template_comparison(leakage)
+            "Training-time template comparison (AUTO arm) with parser health",
+            paper_a.template_comparison(leakage, variants),
         )
         tables["prefill_arms"] = (
             f"Prefill arms at fixed weights: out_acc per arm and Delta_AB = AUTO - "
@@ -149,12 +155,44 @@ def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Boo
     }
 
 
+def records_provenance(decode: list[Path], tokens: list[Path]) -> pl.DataFrame:
+    """Per records file: its kind, the code version(s) that wrote it and how
+    many records each wrote.  Tables built from more than one code version
+    mix records from before and after a change; the warning names the files
+    of each version."""
+    rows = [
+        {"file": str(path), "kind": kind, "code_version": version, "records": count}
+        for kind, paths in (("decode", decode), ("token", tokens))
+        for path in paths
+        for version, count in pl.read_parquet(path, columns=["code_version"])["code_version"]
+        .value_counts(sort=True).rows()
+    ]
+    frame = pl.DataFrame(rows, schema={"file": pl.Utf8, "kind": pl.Utf8, "code_version": pl.Utf8,
+                                       "records": pl.Int64})
+    # The source hash decides sameness; a commit that changed no source (docs) is no new code.
+    code = frame.with_columns(code=pl.col("code_version").str.replace(r"\.git\..*$", ""))
+    versions = code["code"].unique().sort().to_list()
+    if len(versions) > 1:
+        listing = "; ".join(
+            f"{v}: {', '.join(code.filter(pl.col('code') == v)['file'].unique().sort())}" for v in versions
+        )
+        log.warning("the tables mix records written by %d code versions (%s); re-run the stale probe passes "
+                    "(`snakemake -R decode_pass teacher_forced_pass`) to tabulate one version", len(versions), listing)
+    return frame
+
+
 def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dict) -> dict[str, int]:
     expected = cfg.get("expected_hashes", {})
     tables = build_tables(
         concat_records(decode, "decode", expected.get("decode")),
         concat_records(tokens, "token", expected.get("token")),
         cfg,
+    )
+    provenance = records_provenance(decode, tokens)
+    versions = provenance["code_version"].str.replace(r"\.git\..*$", "").n_unique()
+    tables["provenance"] = (
+        f"Records read, per file and code version ({versions} code version{'s' if versions != 1 else ''}"
+        f"{': MIXED, see the tables log' if versions > 1 else ''})", provenance,
     )
     for name, (title, frame) in tables.items():
         write_table(frame, out_dir, name, title)

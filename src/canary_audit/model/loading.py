@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 
 from canary_audit.model.spec import ModelSpec
+from canary_audit.provenance import file_digest
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -151,18 +152,20 @@ def apply_adapter(model, adapter: Path, trainable: bool = False):
     return PeftModel.from_pretrained(model, adapter, is_trainable=trainable)
 
 
-def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False) -> str:
-    """sha256 over the bytes of every weight file of the base and the adapters,
-    and over how the last adapter is applied (live or merged), so records say
-    exactly which weights produced them."""
+def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False,
+                cache_dir: Path | None = None) -> str:
+    """sha256 over the digests of every weight file of the base and the
+    adapters, and over how the last adapter is applied (live or merged), so
+    records say exactly which weights produced them.  File digests come from
+    `cache_dir` where it has them (provenance.file_digest): one read of a
+    file per content, not one per manifest and pass."""
     h = hashlib.sha256(b"merged" if merged else b"")
     files = sorted(spec.path.glob("*.safetensors")) + [
         Path(a) / "adapter_model.safetensors" for a in adapters
     ]
     for path in files:
         h.update(path.name.encode())
-        with open(path, "rb") as fh:
-            h.update(hashlib.file_digest(fh, "sha256").digest())
+        h.update(bytes.fromhex(file_digest(path, cache_dir)))
     return h.hexdigest()[:16]
 
 

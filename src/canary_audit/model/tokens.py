@@ -14,7 +14,7 @@ def canary_head(tokenizer, sentence: str, n_tokens: int) -> str:
     if len(ids) <= n_tokens:
         raise ValueError(
             f"canary {sentence!r} has {len(ids)} tokens, not more than the head's "
-            f"{n_tokens}; lower `probes.head_tokens`"
+            f"{n_tokens}; lower `data.head_tokens`"
         )
     head = tokenizer.decode(ids[:n_tokens])
     if not sentence.startswith(head):

@@ -22,6 +22,7 @@ from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
 from canary_audit.probes.units import probe_units, unit_config, unit_of_arm_expr
+from canary_audit.provenance import code_version
 from canary_audit.records import config_hash, conform, to_records
 
 log = logging.getLogger(__name__)
@@ -34,12 +35,13 @@ def unit_hashes(cfg: dict) -> dict[str, str]:
     return {u: config_hash(unit_config(cfg, u)) for u in probe_units(cfg.get("prefills", {}))}
 
 
-def stamp(frame: pl.DataFrame, cfg: dict, spec: ModelSpec, adapters: list[Path], merged: bool) -> pl.DataFrame:
-    """Provenance on every record: its unit's config hash and the fingerprint
-    of the weights."""
+def stamp(frame: pl.DataFrame, cfg: dict, weights: str) -> pl.DataFrame:
+    """Provenance on every record: its unit's config hash, the fingerprint of
+    the weights and the version of the code."""
     return frame.with_columns(
         config_hash=unit_of_arm_expr().replace_strict(unit_hashes(cfg), return_dtype=pl.Utf8),
-        model_fingerprint=pl.lit(fingerprint(spec, adapters, merged)),
+        model_fingerprint=pl.lit(weights),
+        code_version=pl.lit(code_version()),
     )
 
 
@@ -159,7 +161,11 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
 
 
 def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
-                merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None):
+                merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
+                weights: str | None = None):
+    """Every decode item of the variant (its probe sets, or one unit), as
+    records; `weights` is the variant's fingerprint when the caller has
+    checked it (else it is computed here)."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
@@ -198,7 +204,8 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
             "stop_reason": "eos" if hit_eos else "length",
             "think_open": spec.think_open, "think_close": spec.think_close,
         })
-    return conform(stamp(to_records(rows, "decode"), cfg, spec, adapters, merged), "decode")
+    weights = weights or fingerprint(spec, adapters, merged)
+    return conform(stamp(to_records(rows, "decode"), cfg, weights), "decode")
 
 
 def span_labels(offsets, spans: dict[str, tuple[int, int]]):
@@ -304,7 +311,10 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
-                        merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None):
+                        merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
+                        weights: str | None = None):
+    """Every scored item of the variant (its probe sets, or one unit), one
+    record per scored token; `weights` as in `decode_pass`."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
@@ -315,4 +325,5 @@ def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, c
     t0 = time.perf_counter()
     scored = score_tokens(model, tok, items, cfg["batch_size"])
     log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), scored.height, time.perf_counter() - t0)
-    return conform(stamp(scored.with_columns(variant=pl.lit(variant)), cfg, spec, adapters, merged), "token")
+    weights = weights or fingerprint(spec, adapters, merged)
+    return conform(stamp(scored.with_columns(variant=pl.lit(variant)), cfg, weights), "token")

@@ -16,19 +16,13 @@ from canary_audit.formats import ChatFormat, Example, author_examples, retain_tr
 from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.tokens import canary_head
+from canary_audit.provenance import code_version
 from canary_audit.records import config_hash
-from canary_audit.train.lora import (
-    encode_chat,
-    encode_text,
-    lora_config,
-    save_adapter,
-    sequence_logprobs,
-    train_loop,
-)
+from canary_audit.train.lora import encode_chat, encode_text, lora_config, save_adapter, train_loop
+from canary_audit.train.methods import METHODS, SHARED_SETTINGS, step_loss
 from canary_audit.train.resume import ResumeState
 
 log = logging.getLogger(__name__)
-UNLEARN_METHODS = ("npo", "ga", "graddiff")
 
 
 def _setup(spec: ModelSpec, threads: int, seed: int):
@@ -76,7 +70,10 @@ def _resume(out_dir: Path, cfg: dict, inputs: list[Path]) -> ResumeState:
 
 
 def _summary(out_dir: Path, losses: list[float], **extra) -> dict:
-    summary = {"steps": len(losses), "final_loss": round(sum(losses[-5:]) / min(5, len(losses)), 5), **extra}
+    """The adapter's train_summary.json: steps, final loss, what else the
+    trainer reports, and the code version that trained it."""
+    summary = {"steps": len(losses), "final_loss": round(sum(losses[-5:]) / min(5, len(losses)), 5), **extra,
+               "code_version": code_version()}
     (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -175,8 +172,8 @@ def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, P
         summary["noise_update_norm"] = round(sum(n * n for n in norms.values()) ** 0.5, 6)
         # Not trained: no steps or loss of its own, only what it is matched to.
         (noise_dir / "train_summary.json").write_text(json.dumps(
-            {"noise_of": f"{cfg['source']} t{steps[-1]}", "noise_update_norm": summary["noise_update_norm"]},
-            indent=2))
+            {"noise_of": f"{cfg['source']} t{steps[-1]}", "noise_update_norm": summary["noise_update_norm"],
+             "code_version": code_version()}, indent=2))
     return summary
 
 
@@ -224,12 +221,9 @@ def train_unlearning(
     for bit (tested).  The settings a chain shares, everything but where a
     segment stops, key the state: a state of other settings is not resumed.
     """
-    import torch
-    import torch.nn.functional as F
-
     method = cfg["method"]
-    if method not in UNLEARN_METHODS:
-        raise ValueError(f"unlearning method `{method}`: must be one of {', '.join(UNLEARN_METHODS)}")
+    if method not in METHODS:
+        raise ValueError(f"unlearning method `{method}`: must be one of {', '.join(METHODS)}")
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
     forget = [
@@ -239,24 +233,13 @@ def train_unlearning(
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
     model = load_model(spec, [memorized], trainable_last=True)
     pad = tok.pad_token_id
+    misplaced = sorted(set(cfg) & {p for m in METHODS.values() for p in m.params})
+    if misplaced:
+        raise ValueError(f"unlearning settings {misplaced} given beside the method: a method's hyperparameters "
+                         "go in `settings` (design.UnlearnRun.method_settings), where they are checked")
+    settings = METHODS[method].settings(cfg.get("settings", {}))
+    loss = step_loss(method, model, forget, pad, settings)
 
-    if method == "npo":
-        with torch.no_grad():
-            model.eval()
-            ref = torch.cat([
-                sequence_logprobs(model, forget[i:i + 32], pad)[0] for i in range(0, len(forget), 32)
-            ])
-        beta = cfg["beta"]
-
-        def forget_loss(m, idx):
-            logp, _ = sequence_logprobs(m, [forget[i] for i in idx], pad)
-            return -(2.0 / beta) * F.logsigmoid(-beta * (logp - ref[idx])).mean()
-    else:
-        def forget_loss(m, idx):
-            logp, n = sequence_logprobs(m, [forget[i] for i in idx], pad)
-            return logp.sum() / n.sum()
-
-    retain_weight = cfg["retain_weight"] if method != "graddiff" else max(cfg["retain_weight"], 1.0)
     steps = sorted(out_dirs)
     inputs = [spec.path, data_dir, memorized]
     final_state = None
@@ -278,13 +261,20 @@ def train_unlearning(
     stats: dict = {}
     losses = train_loop(
         model, forget, retain, cfg, seed, pad,
-        forget_loss=forget_loss, retain_weight=retain_weight,
+        step_loss=loss,
         on_checkpoint=checkpoint, checkpoints=tuple(steps), decay=False, resume=resume, stats=stats,
         final_state=final_state,
     )
     for k in steps:  # checkpoints passed before an interruption come back from their copies
         resume.restore(f"k{k}", out_dirs[k])
     resume.clear()
+    effective = effective_settings(cfg, settings)
     for k in steps:
-        _summary(out_dirs[k], losses[:k], method=method, k=k)
-    return {"method": method, "checkpoints": steps, "final_loss": losses[-1], **stats}
+        _summary(out_dirs[k], losses[:k], method=method, k=k, settings=effective)
+    return {"method": method, "checkpoints": steps, "final_loss": losses[-1], "settings": effective, **stats}
+
+
+def effective_settings(cfg: dict, method_settings: dict) -> dict:
+    """What an unlearning run trained with: its method's hyperparameters and
+    the shared training settings, as its summary and manifest record them."""
+    return {**method_settings, **{k: cfg[k] for k in SHARED_SETTINGS if k in cfg}}

@@ -4,9 +4,9 @@ reasoning format), the hex-canary LoRA, and unlearning.
 One plain PyTorch loop serves all of them.  Each step draws a forget batch and
 a retain batch (training on the forget set alone wrecks the model, FINDINGS
 trap 3), so batch composition is exact and seeded; the forget loss is a named
-choice (NLL for memorization, NPO / gradient ascent for unlearning).  trl is
-not used: it has no NPO trainer, and one loop keeps every adapter's batches
-and checkpoints identical in form.
+choice (NLL for memorization, an unlearning method's loss from
+train/methods.py).  trl is not used: it has no NPO trainer, and one loop
+keeps every adapter's batches and checkpoints identical in form.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def sequence_logprobs(model, seqs: list[Encoded], pad_id: int):
     return tok_logp.sum(-1), mask.sum(-1)
 
 
-ForgetLoss = Callable[[object, list[int]], object]
+StepLoss = Callable[[object, list[int], list[Encoded]], object]
 MICRO_BATCH = 14  # sequences per forward pass of the NLL step (see nll_backward)
 
 
@@ -115,8 +115,7 @@ def train_loop(
     cfg: dict,
     seed: int,
     pad_id: int,
-    forget_loss: ForgetLoss | None = None,
-    retain_weight: float = 1.0,
+    step_loss: StepLoss | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
     checkpoints: tuple[int, ...] = (),
     decay: bool = True,
@@ -126,9 +125,10 @@ def train_loop(
 ) -> list[float]:
     """Run `cfg['steps']` AdamW steps over the trainable parameters.
 
-    With `forget_loss` None, forget and retain sequences share one NLL (what
+    With `step_loss` None, forget and retain sequences share one NLL (what
     memorization wants); otherwise the step loss is
-    `forget_loss(model, idx) + retain_weight * NLL(retain)`.  With `decay`
+    `step_loss(model, forget indices, retain sequences)` (an unlearning
+    method's, train/methods.py).  With `decay`
     the learning rate falls linearly to 10% (memorization ends precise);
     unlearning runs at a constant rate so checkpoint K means K equal steps.
     With `resume`, the run saves its state every `resume.every` steps and
@@ -158,13 +158,10 @@ def train_loop(
         if retain:  # benign fine-tuning has no retain set
             r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen)
             r_seqs = [retain[i] for i in r_idx.tolist()]
-        if forget_loss is None:
+        if step_loss is None:
             loss = nll_backward(model, f_seqs + r_seqs, pad_id)
         else:
-            loss = forget_loss(model, f_idx.tolist())
-            if retain_weight and r_seqs:
-                logp, n = sequence_logprobs(model, r_seqs, pad_id)
-                loss = loss + retain_weight * (-logp.sum() / n.sum())
+            loss = step_loss(model, f_idx.tolist(), r_seqs)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

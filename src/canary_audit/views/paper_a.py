@@ -20,10 +20,9 @@ from canary_audit.views.metrics import contains_gold_ci, contains_reference, per
 from canary_audit.views.parser import MISSING_CLOSE, SPLITS, ParserConvention, parse
 
 AUTO = "auto"
-VARIANT_PATTERN = (
-    r"^(?P<model>[^/]+)/(?P<stage>[a-z]+)(?:-(?P<template>bio|meta|none))?"
-    r"(?:-s(?P<seed>\d+))?(?:-k(?P<k>\d+))?$"
-)
+# The structured fields of a variant the paper A views join (design.Variant).
+AXES = {"variant": pl.Utf8, "model": pl.Utf8, "kind": pl.Utf8, "template": pl.Utf8, "seed": pl.Int32,
+        "run": pl.Utf8, "method": pl.Utf8, "k": pl.Int32, "settings": pl.Utf8}
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,18 @@ class Bootstrap:
     level: float = 0.95
 
 
-def variant_axes(frame: pl.DataFrame) -> pl.DataFrame:
-    """Split `variant` ("tiny/npo-bio-s0-k400") into model, stage, template, seed, k."""
-    return frame.with_columns(
-        pl.col("variant").str.extract_groups(VARIANT_PATTERN).alias("_axes")
-    ).unnest("_axes").with_columns(pl.col("seed").cast(pl.Int32), pl.col("k").cast(pl.Int32))
+def variant_axes(frame: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
+    """`frame` with each variant's structured fields (model, kind, template,
+    seed, run, method, k, settings) joined from the design's variant table
+    (`variants`: model/variant -> fields); a variant the table lacks is
+    refused, naming it, rather than dropped from a view."""
+    table = pl.DataFrame([{c: {"variant": name, **fields}.get(c) for c in AXES} for name, fields in variants.items()],
+                         schema=AXES)
+    unknown = sorted(set(frame["variant"].unique().to_list()) - set(table["variant"].to_list()))
+    if unknown:
+        raise ValueError(f"records of variants {unknown} have no entry in the view config's `variants` table; "
+                         "tabulate them with the view_config.json of the run that wrote them")
+    return frame.join(table, on="variant", how="left")
 
 
 def canary_outcomes(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
@@ -72,21 +78,23 @@ def canary_leakage(decode: pl.DataFrame, convention: ParserConvention, boot: Boo
     return rates.join(health, on=["variant", "arm"], how="left").sort("variant", "arm")
 
 
-def k_sweep(leakage: pl.DataFrame) -> pl.DataFrame:
-    """The AUTO arm along each unlearning run, the memorized adapter as K = 0."""
-    auto = variant_axes(leakage.filter(pl.col("arm") == AUTO))
-    runs = auto.filter(pl.col("k").is_not_null()).with_columns(method=pl.col("stage"))
+def k_sweep(leakage: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
+    """The AUTO arm along each unlearning run (its method and effective
+    settings beside it), the memorized adapter as K = 0."""
+    auto = variant_axes(leakage.filter(pl.col("arm") == AUTO), variants)
+    runs = auto.filter(pl.col("kind") == "unlearned")
     starts = (
-        auto.filter(pl.col("stage") == "mem")
-        .join(runs.select("model", "template", "seed", "method").unique(), on=["model", "template", "seed"])
+        auto.filter(pl.col("kind") == "memorized").drop("run", "method", "settings")
+        .join(runs.select("model", "template", "seed", "run", "method", "settings").unique(),
+              on=["model", "template", "seed"])
         .with_columns(k=pl.lit(0, pl.Int32))
     )
     cols = [c for c in leakage.columns if c not in ("variant", "arm", "missing_close", "unparseable",
                                                      "nonempty_trace", "mean_prompt_tokens", "length_stops")]
+    keys = ["model", "template", "run", "method", "seed", "k", "variant"]
     return (
-        pl.concat([runs.select("model", "template", "method", "seed", "k", "variant", *cols),
-                   starts.select("model", "template", "method", "seed", "k", "variant", *cols)])
-        .sort("model", "template", "method", "seed", "k")
+        pl.concat([runs.select(*keys, *cols, "settings"), starts.select(*keys, *cols, "settings")])
+        .sort("model", "template", "run", "seed", "k")
     )
 
 
@@ -187,23 +195,24 @@ def bypass_anatomy(decode: pl.DataFrame, convention: ParserConvention) -> pl.Dat
     )
 
 
-def template_comparison(leakage: pl.DataFrame) -> pl.DataFrame:
-    """Training-time template comparison: per (model, template, stage, seed, K)
+def template_comparison(leakage: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
+    """Training-time template comparison: per (model, template, run, seed, K)
     the AUTO arm's rates beside the parser-health columns that qualify them
-    (closing-tag missing rate, non-empty trace rate, mean prompt length)."""
+    (closing-tag missing rate, non-empty trace rate, mean prompt length); the
+    memorized adapter is the row without a run."""
     return (
-        variant_axes(leakage.filter(pl.col("arm") == AUTO))
+        variant_axes(leakage.filter(pl.col("arm") == AUTO), variants)
         .filter(pl.col("template").is_not_null())
-        .select("model", "template", "stage", "seed", "k", "n", "out_acc", "thk_leak", "gap", "gap_lo", "gap_hi",
-                "missing_close", "nonempty_trace", "mean_prompt_tokens")
-        .sort("model", "template", "stage", "seed", "k", nulls_last=False)
+        .select("model", "template", "kind", "run", "seed", "k", "n", "out_acc", "thk_leak", "gap", "gap_lo",
+                "gap_hi", "missing_close", "nonempty_trace", "mean_prompt_tokens")
+        .sort("model", "template", "run", "seed", "k", nulls_last=False)
     )
 
 
 def cross_seed(sweep: pl.DataFrame) -> pl.DataFrame:
-    """Per (model, template, method, K): the spread of each rate over seeds."""
+    """Per (model, template, run, K): the spread of each rate over seeds."""
     return (
-        sweep.group_by("model", "template", "method", "k")
+        sweep.group_by("model", "template", "run", "method", "settings", "k")
         .agg(
             seeds=pl.col("seed").n_unique(),
             out_acc_mean=pl.col("out_acc").mean(), out_acc_sd=pl.col("out_acc").std(),
@@ -212,7 +221,7 @@ def cross_seed(sweep: pl.DataFrame) -> pl.DataFrame:
             gaps_by_seed=pl.format("s{}: {}", pl.col("seed"), pl.col("gap").round(3)).sort_by("seed").str.join("; "),
             gap_ci_excludes_zero=((pl.col("gap_lo") > 0) | (pl.col("gap_hi") < 0)).sum(),
         )
-        .sort("model", "template", "method", "k")
+        .sort("model", "template", "run", "k")
     )
 
 

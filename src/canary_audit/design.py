@@ -1,0 +1,393 @@
+"""The experiment a validated config describes: its unlearning runs, every
+audited variant with structured fields, the probe groups and the probe sets
+each runs, the tables it produces, and every cross-key check the schema
+cannot express.
+
+The workflow (rules/common.smk) asks this module for all of it and keeps only
+paths, wildcards and config slices; views join the variant table instead of
+parsing names back; tests call it in-process.  Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from canary_audit.probes.items import check_prefill_templates
+from canary_audit.probes.units import AUTO
+from canary_audit.train.methods import METHODS, SHARED_SETTINGS
+
+TEMPLATES = ("bio", "meta", "none")
+BSFT_SOURCES = ("gui", "synth", "safety", "random")
+APPLICATIONS = ("stacked", "merged")
+# Name stems the design gives its own variants: an unlearning run may not take one.
+RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", "under"})
+
+# The tables, per part of the audit (which parts a config turns on: `table_names`).
+PAPER_A_TABLES = (
+    "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
+    "bypass_anatomy", "utility", "teacher_forced", "teacher_forced_vs_greedy",
+)
+HEX_TABLES = ("hex_recall", "nll")
+BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
+MERGED_VS_STACKED = "bsft_merged_vs_stacked"
+PROVENANCE_TABLE = "provenance"  # which records files and code versions the tables read (always written)
+ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, PROVENANCE_TABLE)
+
+# Probe sets a probe group runs: the hex canaries (and decoys), the author and
+# retain probes, or both.
+HEX, AUTHOR_SETS, ALL_SETS = "hex", "canary qa retain", "all"
+
+
+class ConfigError(ValueError):
+    """A config that the schema accepts but that cannot be audited as given."""
+
+
+def canonical(value) -> str:
+    """Order-stable JSON: the same value always renders to the same string."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the workflow writes each artifact under the results folder.  The
+    arguments may be wildcard patterns (`{model}`): rules and the design share
+    one layout."""
+
+    results: str
+
+    def base_dir(self, model: str) -> str:
+        return f"{self.results}/models/{model}/base"
+
+    def adapter_dir(self, model: str, adapter: str) -> str:
+        return f"{self.results}/models/{model}/adapters/{adapter}"
+
+    def merged_dir(self, model: str, name: str) -> str:
+        return f"{self.results}/models/{model}/merged/{name}"
+
+    def bsft_dir(self, model: str, canary: str, source: str, seed, tag: str) -> str:
+        return f"{self.results}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
+
+
+@dataclass(frozen=True)
+class UnlearnRun:
+    """One unlearning run: a method with its effective settings, applied to
+    the memorization adapter of each of `templates` (and each audit seed)."""
+
+    name: str
+    method: str
+    templates: tuple[str, ...]
+    method_settings: dict
+    shared: dict
+
+    @property
+    def settings(self) -> dict:
+        """Everything the run's loss and optimiser depend on."""
+        return {**self.method_settings, **self.shared}
+
+    def label(self) -> str:
+        """The settings as one short, order-stable string for tables."""
+        return " ".join(f"{k}={v}" for k, v in sorted(self.settings.items()))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One audited model: base weights plus an adapter stack, and what it is.
+
+    `parent` is the model before the change that made this one (tables report
+    Deltas against it); `group` is the probe job that scores it; `cell` holds
+    paper B's cell fields; the axes (template, seed, run, method, k,
+    settings) are set where they apply."""
+
+    name: str
+    kind: str
+    base: str
+    adapters: tuple[str, ...]
+    parent: str | None
+    group: str
+    apply: str = "stacked"
+    cell: dict | None = None
+    template: str | None = None
+    seed: int | None = None
+    run: str | None = None
+    method: str | None = None
+    k: int | None = None
+    settings: str | None = None
+
+    def fields(self) -> dict:
+        """The structured fields a view joins (no paths)."""
+        keep = ("kind", "template", "seed", "run", "method", "k", "settings", "parent", "group", "apply")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+class Design:
+    """The experiment of one validated config (`results` and model paths
+    come from the config).  Construction runs every cross-key check the
+    schema cannot express (`check=False` skips all but the unlearning runs',
+    which resolving them performs)."""
+
+    def __init__(self, config: dict, check: bool = True):
+        self.config = config
+        self.layout = Layout(config["results"])
+        if check:
+            self._check_audit()
+        self.unlearn_runs = self._unlearn_runs()
+        self._variants_of: dict[str, dict[str, Variant]] = {}
+        if check:
+            self._check_arms()
+
+    # --- unlearning runs -------------------------------------------------
+
+    def _unlearn_runs(self) -> dict[str, UnlearnRun]:
+        """Every unlearning run by name, with its effective settings; settings a
+        method does not use, unknown templates and duplicate runs refused."""
+        block = self.config["unlearn"]
+        templates = self.config["audit"]["templates"]
+        runs: dict[str, UnlearnRun] = {}
+        for name, entry in block.get("runs", {}).items():
+            key = f"unlearn.runs.{name}"
+            if name in RESERVED_NAMES:
+                raise ConfigError(f"config key `{key}`: `{name}` names the design's own variants; "
+                                  f"rename the run (reserved: {', '.join(sorted(RESERVED_NAMES))})")
+            method = entry["method"]
+            if method not in METHODS:
+                raise ConfigError(f"config key `{key}.method` is `{method}`: must be one of {', '.join(METHODS)}")
+            given = {k: v for k, v in entry.items() if k not in ("method", "templates", *SHARED_SETTINGS)}
+            try:
+                method_settings = METHODS[method].settings(given)
+            except ValueError as err:
+                raise ConfigError(f"config key `{key}`: {err}; remove it or choose a method that uses it") from None
+            for template in entry["templates"]:
+                if template not in templates:
+                    raise ConfigError(
+                        f"config key `{key}.templates` names template `{template}`, which is not memorized "
+                        f"(`audit.templates`: {', '.join(templates)}); add it there or remove it here"
+                    )
+            shared = {k: entry.get(k, block[k]) for k in SHARED_SETTINGS if k in entry or k in block}
+            runs[name] = UnlearnRun(name, method, tuple(entry["templates"]), method_settings, shared)
+        seen: dict[tuple, str] = {}
+        for run in runs.values():
+            for template in run.templates:
+                same = (template, run.method, canonical(run.settings))
+                if same in seen:
+                    raise ConfigError(
+                        f"config keys `unlearn.runs.{seen[same]}` and `unlearn.runs.{run.name}` train the same "
+                        f"loss ({run.method}, {run.label()}) on the same adapter (template `{template}`): "
+                        "their checkpoints would be identical; remove one or change its settings"
+                    )
+                seen[same] = run.name
+        return runs
+
+    def unlearn_pairs(self) -> list[tuple[str, str]]:
+        """(run, template) of every unlearning job chain, in config order."""
+        return [(r.name, t) for r in self.unlearn_runs.values() for t in r.templates]
+
+    # --- bSFT ------------------------------------------------------------
+
+    @property
+    def bsft(self) -> dict:
+        return self.config["bsft"]
+
+    def undertrained_sources(self) -> list[str]:
+        return self.bsft["controls"]["undertrained"]["sources"]
+
+    def bsft_active(self) -> bool:
+        """Paper B's bSFT arms need the canary LoRA they start from."""
+        b = self.bsft
+        return self.config["audit"]["hex_canaries"] and bool(
+            b["sources"] or self.undertrained_sources() or b["controls"]["noise"]["sources"]
+        )
+
+    # --- variants --------------------------------------------------------
+
+    def embedded_models(self) -> list[str]:
+        return [m for m, e in self.config["models"].items() if e.get("embedded")]
+
+    def model_path(self, model: str) -> str:
+        entry = self.config["models"][model]
+        return self.layout.base_dir(model) if entry.get("embedded") else entry["path"]
+
+    def variants(self, model: str) -> dict[str, Variant]:
+        """Every audited variant of `model`, in audit order.
+
+        A memorization adapter and every unlearning checkpoint made from it
+        share one probe group (one job per pass for the whole branch), the
+        hex-canary adapters share the base model's, and every bSFT cell of
+        one bSFT seed shares one group (the merged bases, the references of
+        paper B's Deltas, ride with the first seed's)."""
+        if model not in self._variants_of:
+            self._variants_of[model] = self._variants(model)
+        return self._variants_of[model]
+
+    def _variants(self, model: str) -> dict[str, Variant]:
+        audit, lay, base = self.config["audit"], self.layout, self.model_path(model)
+        out = {"base": Variant("base", "base", base, (), None, "base")}
+        for seed in audit["seeds"]:
+            for template in audit["templates"]:
+                mem = f"mem-{template}-s{seed}"
+                out[mem] = Variant(mem, "memorized", base, (lay.adapter_dir(model, mem),), "base", mem,
+                                   template=template, seed=seed)
+                for run in self.unlearn_runs.values():
+                    if template not in run.templates:
+                        continue
+                    for k in self.config["unlearn"]["k"]:
+                        name = f"{run.name}-{template}-s{seed}-k{k}"
+                        out[name] = Variant(name, "unlearned", base, (lay.adapter_dir(model, name),), mem, mem,
+                                            template=template, seed=seed, run=run.name, method=run.method, k=k,
+                                            settings=run.label())
+            if audit["hex_canaries"]:
+                canary = f"canary-s{seed}"
+                out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
+                                      seed=seed)
+                if self.bsft_active():
+                    out.update(self._bsft_variants(model, seed))
+        return out
+
+    def _bsft_variants(self, model: str, seed: int) -> dict[str, Variant]:
+        """Paper B's cells on the canary LoRA of `seed`: each source's bSFT
+        adapter at each training length, stacked on or merged into the merged
+        base, and the controls; every cell once per bSFT seed."""
+        b, lay, canary = self.bsft, self.layout, f"canary-s{seed}"
+        under = f"{canary}-under"
+        ref, ref_under = f"merged-s{seed}", f"merged-s{seed}-under"
+        first = f"bsft-s{seed}-b{b['seeds'][0]}"
+        out = {ref: Variant(ref, "merged_base", lay.merged_dir(model, canary), (), canary, first, seed=seed)}
+        if self.undertrained_sources():
+            out[under] = Variant(under, "canary_undertrained", self.model_path(model),
+                                 (lay.adapter_dir(model, under),), "base", "base", seed=seed)
+            out[ref_under] = Variant(ref_under, "merged_base", lay.merged_dir(model, under), (), under, first,
+                                     seed=seed)
+        last = max(b["steps"])
+
+        def cell(label, kind, source, step, application, bseed):
+            return {"cell": label, "kind": kind, "source": source, "step": step, "application": application,
+                    "bsft_seed": bseed, "canary_seed": seed}
+
+        for bseed in b["seeds"]:
+            group = f"bsft-s{seed}-b{bseed}"
+            for source in b["sources"]:
+                for step in b["steps"]:
+                    for app in b["applications"]:
+                        name = f"bsft-{source}-t{step}-{app}-b{bseed}-s{seed}"
+                        out[name] = Variant(
+                            name, "bsft", lay.merged_dir(model, canary),
+                            (lay.bsft_dir(model, canary, source, bseed, f"t{step}"),), ref, group, app,
+                            cell(f"{source} t{step} {app}", "bsft", source, step, app, bseed), seed=seed)
+            for source in b["controls"]["noise"]["sources"]:
+                name = f"noise-{source}-b{bseed}-s{seed}"
+                out[name] = Variant(
+                    name, "noise", lay.merged_dir(model, canary),
+                    (lay.bsft_dir(model, canary, source, bseed, "noise"),), ref, group, "stacked",
+                    cell(f"noise {source}", "noise", source, last, "stacked", bseed), seed=seed)
+            for source in self.undertrained_sources():
+                name = f"under-{source}-b{bseed}-s{seed}"
+                out[name] = Variant(
+                    name, "undertrained", lay.merged_dir(model, under),
+                    (lay.bsft_dir(model, under, source, bseed, f"t{last}"),), ref_under, group, "stacked",
+                    cell(f"undertrained {source}", "undertrained", source, last, "stacked", bseed), seed=seed)
+        return out
+
+    def probe_groups(self, model: str) -> dict[str, list[str]]:
+        """Probe group -> the variants it scores, in audit order."""
+        groups: dict[str, list[str]] = {}
+        for name, v in self.variants(model).items():
+            groups.setdefault(v.group, []).append(name)
+        return groups
+
+    def probe_sets_of(self, group: str) -> str:
+        """The probe sets a group runs.  bSFT groups run the hex-canary probes
+        only (paper B's cells are judged on them), and so does every group of
+        an audit without paper A's templates; a memorization group (its
+        adapter and unlearning checkpoints, which never saw a hex canary) runs
+        the author and retain probes only; the base group, the parent of both
+        papers' variants and home of the hex-canary adapters, runs all."""
+        if not self.config["audit"]["templates"] or group.startswith("bsft-"):
+            return HEX
+        return ALL_SETS if group == "base" else AUTHOR_SETS
+
+    def variant_units(self, model: str, variant: str, kind: str) -> list[str]:
+        """The probe units of a variant's `kind` records under the fine grain:
+        AUTO (for teacher-forced records: the hex canaries and decoys) where
+        its group runs it, and each prefill arm where it runs author probes."""
+        sets = self.probe_sets_of(self.variants(model)[variant].group)
+        prefills = sorted(self.config["probes"]["prefills"]) if sets != HEX else []
+        auto = [AUTO] if kind == "decode" or sets != AUTHOR_SETS else []
+        return [*auto, *prefills]
+
+    # --- what the views read ---------------------------------------------
+
+    def variant_table(self) -> dict[str, dict]:
+        """model/variant -> its structured fields, for the views."""
+        return {f"{m}/{v}": {**e.fields(), "model": m, "parent": f"{m}/{e.parent}" if e.parent else None}
+                for m in self.config["audit"]["models"] for v, e in self.variants(m).items()}
+
+    def parents(self) -> dict[str, str]:
+        return {name: row["parent"] for name, row in self.variant_table().items() if row["parent"]}
+
+    def cells(self) -> dict[str, dict]:
+        """model/variant -> its paper B cell (name, kind, source, step, application, seeds)."""
+        return {f"{m}/{v}": e.cell for m in self.config["audit"]["models"]
+                for v, e in self.variants(m).items() if e.cell is not None}
+
+    def table_names(self) -> list[str]:
+        """The tables this config's audit produces."""
+        names = list(PAPER_A_TABLES) if self.config["audit"]["templates"] else []
+        if self.config["audit"]["hex_canaries"]:
+            names += HEX_TABLES
+            if self.bsft_active():
+                names += BSFT_TABLES
+                if len(self.bsft["applications"]) > 1 and self.bsft["sources"]:
+                    names.append(MERGED_VS_STACKED)
+        return [*names, PROVENANCE_TABLE]
+
+    # --- checks ----------------------------------------------------------
+
+    def _check_audit(self) -> None:
+        """What is audited: something, on models the config has, with the
+        think tags paper A's arms need.  (A local checkpoint's own files are
+        checked by the workflow, which loads its tokenizer.)"""
+        cfg, audit = self.config, self.config["audit"]
+        if not audit["templates"] and not audit["hex_canaries"]:
+            raise ConfigError(
+                "nothing to audit: `audit.templates` is empty (no paper A arms) and `audit.hex_canaries` is "
+                "false (no paper B arms); set either"
+            )
+        known = sorted(cfg["models"])
+        for name in audit["models"]:
+            if name not in cfg["models"]:
+                raise ConfigError(
+                    f"config key `audit.models` names `{name}`, which is not in `models` (known: {', '.join(known)}); "
+                    f"add a `models.{name}` entry or remove it"
+                )
+            entry = cfg["models"][name]
+            if audit["templates"] and entry.get("think_close") is None:
+                raise ConfigError(
+                    f"model `{name}` has no think tags (`models.{name}.think_close` is null), but paper A's arms "
+                    f"need them (`audit.templates`: {', '.join(audit['templates'])}); set the model's tags, or "
+                    "set `audit.templates: []` to audit paper B's arms only"
+                )
+            if not entry.get("embedded") and not entry.get("path"):
+                raise ConfigError(f"model `{name}` is not embedded and has no `models.{name}.path`; set the "
+                                  "local checkpoint directory")
+
+    def _check_arms(self) -> None:
+        """Cross-key checks of the arms: the undertrained control, prefill
+        texts and the prefill contrast."""
+        cfg = self.config
+        under = self.bsft["controls"]["undertrained"]
+        steps = cfg["canary_lora"]["steps"]
+        if under["sources"] and not under["canary_steps"] < steps:
+            raise ConfigError(
+                f"config key `bsft.controls.undertrained.canary_steps` is {under['canary_steps']}, which the "
+                f"canary LoRA run does not stop before (`canary_lora.steps`: {steps}); set it below {steps}"
+            )
+        try:
+            check_prefill_templates(cfg["probes"]["prefills"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        contrast = cfg["tables"]["prefill_contrast"]
+        if cfg["probes"]["prefills"] and contrast not in cfg["probes"]["prefills"]:
+            raise ConfigError(
+                f"config key `tables.prefill_contrast` is `{contrast}`, which is not a prefill arm "
+                f"(`probes.prefills`: {', '.join(sorted(cfg['probes']['prefills'])) or 'none'}); name one of them"
+            )

@@ -1,0 +1,201 @@
+"""The design (config -> experiment) in-process: cross-key checks, the
+unlearning runs and their settings, the variant table, the registries
+against the schema, and one source of every default.  No workflow run."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design
+from canary_audit.train.methods import METHODS, SHARED_SETTINGS
+
+SCHEMA = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())
+DEFAULT = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())
+SMOKE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+
+
+def layered(*layers: dict) -> dict:
+    """Config files laid over each other key by key, as Snakemake does."""
+    def merge(base, change):
+        out = dict(base)
+        for key, value in change.items():
+            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        return out
+    config: dict = {}
+    for layer in layers:
+        config = merge(config, copy.deepcopy(layer))
+    return config
+
+
+def config_of(*overrides: dict) -> dict:
+    """The smoke config with `overrides` on top, validated (schema defaults
+    filled in) as the workflow does."""
+    from snakemake.utils import validate
+
+    config = layered(DEFAULT, SMOKE, *overrides)
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    return config
+
+
+def design_of(*overrides: dict) -> Design:
+    return Design(config_of(*overrides))
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
+    ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
+    ({"probes": {"prefills": {"auto": "x"}}}, "`probes.prefills.auto`: `auto` names the arm where the model writes"),
+    ({"unlearn": {"runs": {"ga": {"templates": ["meta"]}}}},
+     "`unlearn.runs.ga.templates` names template `meta`, which is not memorized"),
+    ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
+    ({"bsft": {"controls": {"undertrained": {"canary_steps": 10}}}},
+     "`bsft.controls.undertrained.canary_steps` is 10, which the canary LoRA run does not stop before"),
+    ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),
+    ({"audit": {"templates": [], "hex_canaries": False}}, "nothing to audit"),
+    ({"unlearn": {"runs": {"mem": {"method": "ga", "templates": ["bio"]}}}}, "`mem` names the design's own"),
+])
+def test_cross_key_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        design_of(override)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"grain": "per-job"}, "'per-job' is not one of ['coarse', 'fine']"),
+    ({"unlearn": {"k": [0]}}, "0 is less than the minimum of 1"),
+    ({"data": {"surprise": 1}}, "Additional properties are not allowed ('surprise' was unexpected)"),
+    ({"bsft": {"sources": ["web"]}}, "'web' is not one of ['gui', 'synth', 'safety', 'random']"),
+    ({"bsft": {"applications": ["fused"]}}, "'fused' is not one of ['stacked', 'merged']"),
+    ({"tables": {"verdicts": {"delta_nll": 0}}}, "0 is less than or equal to the minimum of 0"),
+    ({"tables": {"verdicts": {"hit_rate": 1.5}}}, "1.5 is greater than the maximum of 1"),
+    # One retain weight for every method (a37bf86's form) is no longer a key.
+    ({"unlearn": {"retain_weight": 1.0}}, "'retain_weight' was unexpected"),
+    ({"unlearn": {"runs": {"x": {"method": "rmu2", "templates": []}}}}, "'rmu2' is not one of"),
+])
+def test_schema_errors_name_the_value(override, message):
+    from snakemake.exceptions import WorkflowError
+
+    with pytest.raises(WorkflowError) as err:
+        config_of(override)
+    assert message in str(err.value)
+
+
+def test_a_setting_a_method_does_not_use_is_refused_for_it():
+    with pytest.raises(ConfigError) as err:
+        design_of({"unlearn": {"runs": {"ga": {"retain_weight": 1.0}}}})
+    assert ("`unlearn.runs.ga`: method `ga` does not use `retain_weight` (it takes: no hyperparameters)"
+            in str(err.value))
+    with pytest.raises(ConfigError, match="method `graddiff` does not use `beta`"):
+        design_of({"unlearn": {"runs": {"gd": {"method": "graddiff", "templates": ["bio"], "beta": 0.1}}}})
+    with pytest.raises(ConfigError, match=r"`retain_weight` = 0 of method `graddiff`: must be a number > 0"):
+        design_of({"unlearn": {"runs": {"gd": {"method": "graddiff", "templates": ["bio"], "retain_weight": 0}}}})
+
+
+def test_two_runs_that_would_train_the_same_loss_are_refused_naming_both():
+    twin = {"method": "npo", "templates": ["bio"], "beta": 0.1, "retain_weight": 0.0}
+    with pytest.raises(ConfigError) as err:
+        design_of({"unlearn": {"runs": {"npo_again": twin}}})
+    assert "`unlearn.runs.npo` and `unlearn.runs.npo_again` train the same loss" in str(err.value)
+    assert "template `bio`" in str(err.value)
+    # The same method under other settings, or on another template, is another run.
+    design_of({"unlearn": {"runs": {"npo_again": {**twin, "beta": 0.2}}}})
+    design_of({"unlearn": {"runs": {"npo_again": {**twin, "templates": ["none"]}}}})
+
+
+def test_each_run_has_its_own_effective_settings():
+    """GradDiff's retain weight is its own (0.5 trains at 0.5), GA has none,
+    NPO keeps its own; shared settings are inherited unless a run sets them."""
+    design = design_of({"unlearn": {"runs": {
+        "graddiff": {"method": "graddiff", "templates": ["bio"], "retain_weight": 0.5, "lr": 0.001},
+    }}})
+    runs = design.unlearn_runs
+    assert runs["graddiff"].settings == {"retain_weight": 0.5, "lr": 0.001, "loss_span": "answer",
+                                         "batch_forget": 8, "batch_retain": 8}
+    assert runs["ga"].method_settings == {}
+    assert runs["npo"].method_settings == {"beta": 0.1, "retain_weight": 0.0}
+    row = design.variant_table()["tiny/graddiff-bio-s0-k5"]
+    assert (row["kind"], row["run"], row["method"], row["k"], row["template"]) == (
+        "unlearned", "graddiff", "graddiff", 5, "bio")
+    assert "retain_weight=0.5" in row["settings"] and "lr=0.001" in row["settings"]
+    assert row["parent"] == "tiny/mem-bio-s0"
+
+
+def test_variant_table_of_the_smoke_audit():
+    design = design_of()
+    table = design.variant_table()
+    kinds = {}
+    for row in table.values():
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    assert kinds == {"base": 1, "memorized": 2, "unlearned": 4, "canary": 1, "merged_base": 2,
+                     "canary_undertrained": 1, "bsft": 8, "noise": 1, "undertrained": 1}
+    assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-none-s0", "bsft-s0-b0"}
+    assert design.probe_sets_of("bsft-s0-b0") == "hex" and design.probe_sets_of("base") == "all"
+    assert design.cells()["tiny/bsft-gui-t2-merged-b0-s0"]["application"] == "merged"
+    assert design.table_names()[-1] == "provenance"
+
+
+def test_registries_and_schema_enumerations_agree():
+    """Each name list is declared once in code; the schema's enumerations
+    must name the same things (a new method, template or source fails here
+    until the schema knows it)."""
+    unlearn = SCHEMA["properties"]["unlearn"]["properties"]["runs"]["additionalProperties"]["properties"]
+    assert unlearn["method"]["enum"] == list(METHODS)
+    assert unlearn["templates"]["items"]["enum"] == list(TEMPLATES)
+    per_run = set(unlearn) - {"method", "templates"}
+    assert per_run == {p for m in METHODS.values() for p in m.params} | set(SHARED_SETTINGS)
+    bsft = SCHEMA["properties"]["bsft"]["properties"]
+    assert bsft["sources"]["items"]["enum"] == list(BSFT_SOURCES)
+    audit = SCHEMA["properties"]["audit"]["properties"]
+    assert audit["templates"]["items"]["enum"] == list(TEMPLATES)
+
+
+def _schema_node(node: dict) -> dict:
+    """Follow a `$ref` to its definition."""
+    while "$ref" in node:
+        node = {**SCHEMA["definitions"][node["$ref"].split("/")[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _defaults_set_in(value, node: dict, path: str):
+    """(key path, schema default, config value) for every key that
+    `workflow_config.yaml` sets and the schema also gives a default for."""
+    node = _schema_node(node)
+    if isinstance(value, dict):
+        props = node.get("properties", {})
+        for key, sub in value.items():
+            child = props.get(key, node.get("additionalProperties"))
+            if isinstance(child, dict):
+                yield from _defaults_set_in(sub, child, f"{path}.{key}" if path else key)
+    if "default" in node and path:
+        yield path, node["default"], value
+
+
+def test_the_default_config_and_the_schema_name_each_default_once():
+    """workflow_config.yaml is loaded before any other config file, so its
+    values are the defaults, and the schema gives none for a key it sets
+    (such a key is required: deleting it is an error, not another number).
+    Model entries are the exception: the schema's entry defaults serve every
+    entry a user adds, so where the embedded entry also names a value the two
+    must agree (`embedded` itself defaults to a local checkpoint)."""
+    both = [(path, schema, config) for path, schema, config in _defaults_set_in(DEFAULT, SCHEMA, "")
+            if not isinstance(config, dict)]
+    outside_models = [item for item in both if not item[0].startswith("models.")]
+    assert outside_models == []
+    disagree = [item for item in both if item[0].startswith("models.") and not item[0].endswith(".embedded")
+                and item[1] != item[2]]
+    assert disagree == []
+    assert any(path == "models.tiny.build.pretrain.steps" for path, _, _ in both)  # the walk reaches entries
+
+
+def test_a_deleted_default_is_an_error_not_another_value():
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    config = layered(DEFAULT)
+    del config["memorize"]["steps"]
+    with pytest.raises(WorkflowError, match="'steps' is a required property"):
+        validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
