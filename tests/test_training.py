@@ -113,11 +113,11 @@ def test_npo_first_step_loss_on_a_fresh_lora_is_2_ln2_over_beta(tiny_assets, spe
     tok, forget = forget_set(spec, tiny_assets[0])
     model = get_peft_model(load_model(spec), lora_config(LORA))
     for beta in (0.1, 0.5):
-        loss = step_loss("npo", model, forget, tok.pad_token_id, {"beta": beta, "retain_weight": 0.0})
+        loss = step_loss("npo", model, forget, [], tok.pad_token_id, {"beta": beta, "retain_weight": 0.0})
         assert float(loss(model, [0, 1, 2], [])) == pytest.approx(2 / beta * math.log(2), rel=1e-6)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "rmu"])
 def test_every_method_lowers_the_forget_sets_log_prob_over_k_steps(tiny_assets, spec, memorized, tmp_path, method):
     from canary_audit.train.lora import sequence_logprobs
 
@@ -313,3 +313,37 @@ def test_gradient_checkpointing_trains_the_same_adapter(tiny_assets, spec, tmp_p
     a, b = (load_file(d / "adapter_model.safetensors") for d in (plain, checkpointed))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     assert summary["tokens"] > 0 and summary["tokens_per_second"] > 0
+
+
+def test_rmu_steers_forget_activations_and_holds_retain_ones(tiny_assets, spec, memorized, tmp_path):
+    """RMU's objective is representational, not a likelihood (on this barely
+    trained one-layer model the forget log-prob need not fall): the forget
+    batch's layer output moves towards the control vector over K steps, and
+    the retain term starts at 0 (the frozen reference is the model itself)."""
+    from canary_audit.train.adapters import retain_examples
+    from canary_audit.train.methods import _hidden_at, step_loss
+
+    tok, forget = forget_set(spec, tiny_assets[0])
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    retain = [encode_chat(fmt, ex) for ex in retain_examples(tiny_assets[0], "bio")]
+    settings = {"layer": 1, "steering_coeff": 20.0, "retain_weight": 100.0, "direction_seed": 0}
+    model = load_model(spec, [memorized], trainable_last=True)
+    loss = step_loss("rmu", model, forget, retain, tok.pad_token_id, settings)
+    with torch.no_grad():
+        with_retain = float(loss(model, [0, 1], list(range(len(retain)))))
+        assert with_retain == pytest.approx(float(loss(model, [0, 1], [])), abs=1e-6)
+    with pytest.raises(ValueError, match=r"`layer` = 5 of method `rmu`: the model has 1 decoder layers"):
+        step_loss("rmu", model, forget, retain, tok.pad_token_id, {**settings, "layer": 5})
+
+    def forget_distance(adapter):
+        m = load_model(spec, [adapter])
+        torch.manual_seed(0)
+        with torch.no_grad():
+            steer = step_loss("rmu", m, forget, retain, tok.pad_token_id, settings)
+            return float(steer(m, list(range(len(forget))), []))
+
+    cfg = {**LORA, "method": "rmu", "template": "bio", "lr": 1e-2, "loss_span": "answer", "settings": settings}
+    train_unlearning(spec, memorized, tiny_assets[0], cfg, {2: tmp_path / "k2", 6: tmp_path / "k6"})
+    before, k2, k6 = (forget_distance(p) for p in (memorized, tmp_path / "k2", tmp_path / "k6"))
+    assert before > k2 > k6, (before, k2, k6)
+    assert _hidden_at(model, forget[:2], tok.pad_token_id, 1).shape[-1] == model.config.hidden_size

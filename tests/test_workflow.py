@@ -182,6 +182,15 @@ def test_unlearning_setting_reruns_its_branch_only(smoke_run):
     assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1
 
 
+def test_a_new_unlearning_run_runs_only_its_own_jobs(smoke_run):
+    """SimNPO and RMU runs beside NPO and GA: their two jobs, their variants'
+    manifests and the probe passes of the memorization group they join."""
+    jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"simnpo": {"method": "simnpo", "templates": ["bio"]},
+                                                         "rmu": {"method": "rmu", "templates": ["bio"]}}}})
+    assert jobs == {"unlearn": 2, "variant_manifest": 4, "decode_pass": 1, "teacher_forced_pass": 1, "tables": 1,
+                    "plots": 1, "all": 1}
+
+
 # The fine job grain on a paper-A-only slice of the smoke audit: one template,
 # NPO with K = 3, 5; variants base, mem-bio-s0, npo-bio-s0-k3, npo-bio-s0-k5,
 # each probed per unit (AUTO and the bio, meta and empty prefill arms).

@@ -238,7 +238,7 @@ def train_unlearning(
         raise ValueError(f"unlearning settings {misplaced} given beside the method: a method's hyperparameters "
                          "go in `settings` (design.UnlearnRun.method_settings), where they are checked")
     settings = METHODS[method].settings(cfg.get("settings", {}))
-    loss = step_loss(method, model, forget, pad, settings)
+    loss = step_loss(method, model, forget, retain, pad, settings)
 
     steps = sorted(out_dirs)
     inputs = [spec.path, data_dir, memorized]

@@ -88,7 +88,7 @@ def sequence_logprobs(model, seqs: list[Encoded], pad_id: int):
     return tok_logp.sum(-1), mask.sum(-1)
 
 
-StepLoss = Callable[[object, list[int], list[Encoded]], object]
+StepLoss = Callable[[object, list[int], list[int]], object]
 MICRO_BATCH = 14  # sequences per forward pass of the NLL step (see nll_backward)
 
 
@@ -127,7 +127,7 @@ def train_loop(
 
     With `step_loss` None, forget and retain sequences share one NLL (what
     memorization wants); otherwise the step loss is
-    `step_loss(model, forget indices, retain sequences)` (an unlearning
+    `step_loss(model, forget indices, retain indices)` (an unlearning
     method's, train/methods.py).  With `decay`
     the learning rate falls linearly to 10% (memorization ends precise);
     unlearning runs at a constant rate so checkpoint K means K equal steps.
@@ -152,16 +152,15 @@ def train_loop(
     for step in range(done + 1, steps + 1):
         for group in opt.param_groups:
             group["lr"] = cfg["lr"] * ((1.0 - 0.9 * (step - 1) / steps) if decay else 1.0)
-        f_idx = torch.randint(len(forget), (min(cfg["batch_forget"], len(forget)),), generator=gen)
-        f_seqs = [forget[i] for i in f_idx.tolist()]
-        r_seqs = []
+        f_idx = torch.randint(len(forget), (min(cfg["batch_forget"], len(forget)),), generator=gen).tolist()
+        r_idx = []
         if retain:  # benign fine-tuning has no retain set
-            r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen)
-            r_seqs = [retain[i] for i in r_idx.tolist()]
+            r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen).tolist()
+        f_seqs, r_seqs = [forget[i] for i in f_idx], [retain[i] for i in r_idx]
         if step_loss is None:
             loss = nll_backward(model, f_seqs + r_seqs, pad_id)
         else:
-            loss = step_loss(model, f_idx.tolist(), r_seqs)
+            loss = step_loss(model, f_idx, r_idx)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
