@@ -9,6 +9,9 @@ configfile: "workflow_config.yaml"
 report: "report/workflow.rst"
 
 
+from canary_audit import warm
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/base.smk"
@@ -19,15 +22,17 @@ include: "rules/tables.smk"
 
 
 onstart:
-    start_warm_server()
+    warm.start_for_workflow(
+        workflow, config["warm_start"], Path(R) / "logs" / "warm_start.log"
+    )
 
 
 onsuccess:
-    stop_warm_server()
+    warm.stop_for_workflow()
 
 
 onerror:
-    stop_warm_server()
+    warm.stop_for_workflow()
 
 
 localrules:

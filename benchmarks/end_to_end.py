@@ -26,6 +26,8 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.jobs import MODEL_JOBS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,8 +43,7 @@ def stage_table(bench_dir: Path) -> pl.DataFrame:
 
 
 # Model command (as the warm start logs it) -> the rule that runs it.
-COMMAND_RULE = {"base": "embedded_base", "memorize": "memorize", "canary": "canary_lora", "bsft": "bsft",
-                "unlearn": "unlearn", "decode": "decode_pass", "score": "teacher_forced_pass"}
+COMMAND_RULE = {command: rule for rule, command in MODEL_JOBS.items()}
 WARM_RSS = re.compile(r"^warm start: (\w+) job peak RSS (\d+) MB$", re.MULTILINE)
 
 

@@ -3,20 +3,15 @@
 # canonical (sorted-key) JSON: Snakemake's params trigger then re-runs what a
 # change touches and nothing else.
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from snakemake.utils import validate
 
-from canary_audit import warm
 from canary_audit.data.io import DATA_TABLES
 from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design, canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.plots import PLOTS
-from canary_audit.probes.passes import unit_hashes
 from canary_audit.probes.units import unit_config
 
 validate(config, "../schemas/config.schema.yaml")
@@ -30,13 +25,6 @@ WEIGHT_CACHE = f"{R}/cache/weight_digests"
 # and one probe job per (variant, probe unit).
 FINE = config["grain"] == "fine"
 ENV = "../envs/canary-audit.yaml"
-MODEL_KEYS = (
-    "dtype",
-    "think_open",
-    "think_close",
-    "chat_template",
-    "trust_remote_code",
-)
 
 
 def fail(message):
@@ -92,42 +80,28 @@ def base_input(wildcards):
 
 
 def model_json(wildcards, path=None):
-    """The model entry a job reads, as JSON; `path` replaces the base weights
-    (a merged base) and keeps the tokenizer settings."""
-    entry = config["models"][wildcards.model]
-    return canonical(
-        {
-            "name": wildcards.model,
-            "path": path or model_path(wildcards.model),
-            **{k: entry.get(k) for k in MODEL_KEYS},
-        }
-    )
+    """The model entry a job reads (Design.model_entry), as JSON."""
+    return canonical(DESIGN.model_entry(wildcards.model, path))
+
+
+def design(method, *args):
+    """Ask the design; its errors stop the run with their message."""
+    try:
+        return method(*args)
+    except ConfigError as err:
+        fail(str(err))
 
 
 def variant_entry(wildcards):
-    table = DESIGN.variants(wildcards.model)
-    if wildcards.variant not in table:
-        fail(
-            f"variant `{wildcards.variant}` of model `{wildcards.model}` is not in the audit "
-            f"(known: {', '.join(sorted(table))})"
-        )
-    return table[wildcards.variant]
+    return design(DESIGN.variant, wildcards.model, wildcards.variant)
 
 
 def variant_inputs(wildcards):
-    entry = variant_entry(wildcards)
-    made = [entry.base] if entry.base != model_path(wildcards.model) else []
-    return [*made, *entry.adapters]
+    return DESIGN.made_weights(wildcards.model, [wildcards.variant])
 
 
 def group_variants(wildcards):
-    groups = DESIGN.probe_groups(wildcards.model)
-    if wildcards.group not in groups:
-        fail(
-            f"probe group `{wildcards.group}` of model `{wildcards.model}` is not in the audit "
-            f"(known: {', '.join(sorted(groups))})"
-        )
-    return groups[wildcards.group]
+    return design(DESIGN.group, wildcards.model, wildcards.group)
 
 
 def probe_sets(wildcards):
@@ -136,54 +110,33 @@ def probe_sets(wildcards):
     return DESIGN.probe_sets_of(group)
 
 
+def probe_names(wildcards):
+    """The variants a probe job scores: its group's, or its own."""
+    if FINE:
+        return [variant_entry(wildcards).name]
+    return group_variants(wildcards)
+
+
 def probe_manifests(wildcards):
-    """The variant manifests a probe job reads: its group's, or its variant's."""
-    names = [wildcards.variant] if FINE else group_variants(wildcards)
-    return [f"{R}/variants/{wildcards.model}/{v}.json" for v in names]
+    return [LAYOUT.manifest(wildcards.model, v) for v in probe_names(wildcards)]
 
 
 def probe_weights(wildcards):
     """The adapters and DAG-made base weights (merged bases) a probe job reads."""
-    if FINE:
-        return variant_inputs(wildcards)
-    table = DESIGN.variants(wildcards.model)
-    return sorted(
-        {
-            path
-            for v in group_variants(wildcards)
-            for path in [*table[v].adapters, table[v].base]
-            if path != model_path(wildcards.model)
-        }
-    )
+    return DESIGN.made_weights(wildcards.model, probe_names(wildcards))
 
 
 def records_path(kind):
     """Where a probe job writes its records: one file per group, or per
     (variant, probe unit) under the fine grain."""
     if FINE:
-        return f"{R}/records/{{model}}/units/{{variant}}/{{unit}}/{kind}.parquet"
-    return f"{R}/records/{{model}}/{{group}}/{kind}.parquet"
+        return LAYOUT.unit_records("{model}", "{variant}", "{unit}", kind)
+    return LAYOUT.group_records("{model}", "{group}", kind)
 
 
 def probe_job_name():
     """The wildcards that name one probe job (logs, benchmarks)."""
     return "{variant}-{unit}" if FINE else "{group}"
-
-
-def all_records(kind):
-    models = config["audit"]["models"]
-    if FINE:
-        return [
-            f"{R}/records/{m}/units/{v}/{u}/{kind}.parquet"
-            for m in models
-            for v in DESIGN.variants(m)
-            for u in DESIGN.variant_units(m, v, kind)
-        ]
-    return [
-        f"{R}/records/{m}/{g}/{kind}.parquet"
-        for m in models
-        for g in DESIGN.probe_groups(m)
-    ]
 
 
 def canary_outputs(wildcards=None):
@@ -270,45 +223,12 @@ def previous_state(wildcards):
 
 
 def unlearn_params(wildcards):
-    """The settings an unlearning job reads: its run's effective settings
-    (method hyperparameters and shared training settings, design.UnlearnRun)
-    and, under the fine grain, its own K instead of the whole sweep (a
-    segment is re-run when what comes before it changes: its input state
-    does)."""
-    runs = DESIGN.unlearn_runs
-    if wildcards.run not in runs:
-        fail(
-            f"unlearning run `{wildcards.run}` is not in `unlearn.runs` ({', '.join(runs)})"
-        )
-    run = runs[wildcards.run]
-    cfg = {
-        **run.shared,
-        "method": run.method,
-        "settings": run.method_settings,
-        "template": wildcards.template,
-        "seed": int(wildcards.seed),
-        "head_tokens": config["data"]["head_tokens"],
-        "gradient_checkpointing": config["unlearn"]["gradient_checkpointing"],
-    }
-    cfg["k"] = int(wildcards.k) if FINE else sorted(config["unlearn"]["k"])
-    return canonical(cfg)
-
-
-def probe_slice(kind):
-    return {
-        **config["probes"][kind],
-        "prefills": config["probes"]["prefills"],
-        "head_tokens": config["data"]["head_tokens"],
-    }
-
-
-def probe_hashes():
-    """Per kind of record, the config hash each probe unit's records must
-    carry (probes/units.py): tables refuse others."""
-    return {
-        "decode": unit_hashes(probe_slice("decode")),
-        "token": unit_hashes(probe_slice("teacher_forced")),
-    }
+    """The settings an unlearning job reads (Design.unlearn_slice): under the
+    fine grain its own K instead of the whole sweep (a segment is re-run
+    when what comes before it changes: its input state does)."""
+    k = int(wildcards.k) if FINE else None
+    args = wildcards.run, wildcards.template, int(wildcards.seed), k
+    return canonical(design(DESIGN.unlearn_slice, *args))
 
 
 def probe_params(kind):
@@ -318,49 +238,9 @@ def probe_params(kind):
     def slice_(wildcards):
         if FINE:
             try:
-                return canonical(unit_config(probe_slice(kind), wildcards.unit))
+                return canonical(unit_config(DESIGN.probe_slice(kind), wildcards.unit))
             except ValueError as err:
                 fail(str(err))
-        return canonical(probe_slice(kind))
+        return canonical(DESIGN.probe_slice(kind))
 
     return slice_
-
-
-# Rules whose jobs load a model: their start-up is mostly imports, which the
-# warm start (src/canary_audit/warm.py) pays once per run instead.
-MODEL_RULES = {
-    "embedded_base",
-    "memorize",
-    "canary_lora",
-    "bsft",
-    "unlearn",
-    "decode_pass",
-    "teacher_forced_pass",
-}
-
-
-# The socket of the warm-start server this Snakemake process started, if any.
-WARM_SOCKET = []
-
-
-def start_warm_server():
-    """Start the warm-start server when this run executes model jobs on this
-    machine; jobs find it through the environment they inherit.  (Jobs that
-    Snakemake spawns remotely run with --no-hooks: no server there.)"""
-    wanted = config["warm_start"] and warm.supported() and workflow.local_exec
-    if not wanted or workflow.touch:
-        return
-    if not any(job.rule.name in MODEL_RULES for job in workflow.dag.needrun_jobs()):
-        return
-    sock = Path(tempfile.mkdtemp(prefix="canary-warm-")) / "server.sock"
-    warm.start(sock, Path(R) / "logs" / "warm_start.log")
-    os.environ[warm.ENV_VAR] = str(sock)
-    WARM_SOCKET.append(sock)
-
-
-def stop_warm_server():
-    while WARM_SOCKET:
-        sock = WARM_SOCKET.pop()
-        warm.stop(sock)
-        shutil.rmtree(sock.parent, ignore_errors=True)
-        os.environ.pop(warm.ENV_VAR, None)

@@ -4,8 +4,8 @@
 
 rule tables:
     input:
-        decode=all_records("decode"),
-        tokens=all_records("token"),
+        decode=DESIGN.records_files("decode", FINE),
+        tokens=DESIGN.records_files("token", FINE),
     output:
         [
             report(
@@ -33,7 +33,7 @@ rule tables:
                 "parents": DESIGN.parents(),
                 "cells": DESIGN.cells(),
                 "variants": DESIGN.variant_table(),
-                "expected_hashes": probe_hashes(),
+                "expected_hashes": DESIGN.probe_hashes(),
             }
         ),
         out=lambda w, output: str(Path(output[0]).parent),
@@ -45,7 +45,7 @@ rule tables:
 rule plots:
     input:
         tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
-        tokens=all_records("token"),
+        tokens=DESIGN.records_files("token", FINE),
     output:
         [
             report(

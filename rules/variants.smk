@@ -9,7 +9,7 @@ rule variant_manifest:
         base_input,
         variant_inputs,
     output:
-        f"{R}/variants/{{model}}/{{variant}}.json",
+        LAYOUT.manifest("{model}", "{variant}"),
     log:
         f"{R}/logs/{{model}}/variant-{{variant}}.log",
     benchmark:

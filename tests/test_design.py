@@ -199,3 +199,44 @@ def test_a_deleted_default_is_an_error_not_another_value():
     del config["memorize"]["steps"]
     with pytest.raises(WorkflowError, match="'steps' is a required property"):
         validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+
+
+def test_model_jobs_are_the_rules_that_run_model_commands():
+    """jobs.MODEL_JOBS (rule -> command) is what the rules run: a renamed rule
+    or command fails here, not silently in the warm start or a benchmark."""
+    import re
+
+    from canary_audit.jobs import MODEL_JOBS
+    from canary_audit.warm import MODEL_COMMANDS
+
+    text = "\n".join(p.read_text() for p in sorted((ROOT / "rules").glob("*.smk")))
+    runs = dict(re.findall(r"^rule (\w+):.*?python -m canary_audit (\w+)", text, re.S | re.M))
+    assert {rule: runs[rule] for rule in MODEL_JOBS} == MODEL_JOBS
+    assert MODEL_COMMANDS == set(MODEL_JOBS.values())
+    assert not {cmd for rule, cmd in runs.items() if rule not in MODEL_JOBS} & MODEL_COMMANDS
+
+
+def test_lookups_name_what_is_known_and_files_follow_the_layout():
+    design = design_of()
+    with pytest.raises(ConfigError, match=r"variant `npo-bio-s0-k4` of model `tiny` is not in the audit \(known: "):
+        design.variant("tiny", "npo-bio-s0-k4")
+    with pytest.raises(ConfigError, match=r"probe group `ghost` of model `tiny` is not in the audit"):
+        design.group("tiny", "ghost")
+    with pytest.raises(ConfigError, match=r"unlearning run `rmu` is not in `unlearn.runs` \(npo, ga\)"):
+        design.unlearn_slice("rmu", "bio", 0, None)
+    R = "results/smoke"
+    assert design.made_weights("tiny", ["bsft-gui-t2-merged-b0-s0"]) == [
+        f"{R}/models/tiny/adapters/bsft/canary-s0/gui-b0/t2", f"{R}/models/tiny/merged/canary-s0"]
+    assert design.made_weights("tiny", ["base"]) == []
+    coarse, fine = design.records_files("token", False), design.records_files("token", True)
+    groups = ("base", "mem-bio-s0", "mem-none-s0", "bsft-s0-b0")
+    assert coarse == [f"{R}/records/tiny/{g}/token.parquet" for g in groups]
+    assert f"{R}/records/tiny/units/npo-bio-s0-k3/bio/token.parquet" in fine
+    assert f"{R}/records/tiny/units/npo-bio-s0-k3/auto/token.parquet" not in fine  # author probes: prefill units only
+    job = design.unlearn_slice("npo", "bio", 0, None)
+    assert (job["method"], job["settings"], job["k"], job["lr"]) == ("npo", {"beta": 0.1, "retain_weight": 0.0},
+                                                                    [3, 5], 0.0001)
+    assert design.unlearn_slice("npo", "bio", 0, 5)["k"] == 5
+    assert design.model_entry("tiny", "elsewhere") == {
+        "name": "tiny", "path": "elsewhere", "dtype": "float32", "think_open": "<think>", "think_close": "</think>",
+        "chat_template": None, "trust_remote_code": False}

@@ -11,8 +11,10 @@ import pytest
 import yaml
 from conftest import ROOT, assert_token_records_close, run_snakemake
 
+from canary_audit.jobs import MODEL_JOBS
+
 pytestmark = pytest.mark.workflow
-MODEL_RULES = {"embedded_base", "memorize", "canary_lora", "bsft", "unlearn", "decode_pass", "teacher_forced_pass"}
+MODEL_RULES = set(MODEL_JOBS)
 
 
 def planned_jobs(workdir, override: dict | None = None, layer: str = "configs/smoke.yaml") -> dict[str, int]:

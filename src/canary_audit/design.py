@@ -34,6 +34,8 @@ MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 PROVENANCE_TABLE = "provenance"  # which records files and code versions the tables read (always written)
 ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, PROVENANCE_TABLE)
 
+# The model-entry keys a job reads besides the weights' path.
+MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code")
 # Probe sets a probe group runs: the hex canaries (and decoys), the author and
 # retain probes, or both.
 HEX, AUTHOR_SETS, ALL_SETS = "hex", "canary qa retain", "all"
@@ -67,6 +69,17 @@ class Layout:
 
     def bsft_dir(self, model: str, canary: str, source: str, seed, tag: str) -> str:
         return f"{self.results}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
+
+    def manifest(self, model: str, variant: str) -> str:
+        return f"{self.results}/variants/{model}/{variant}.json"
+
+    def group_records(self, model: str, group: str, kind: str) -> str:
+        """A probe group's records (the coarse grain)."""
+        return f"{self.results}/records/{model}/{group}/{kind}.parquet"
+
+    def unit_records(self, model: str, variant: str, unit: str, kind: str) -> str:
+        """One (variant, probe unit)'s records (the fine grain)."""
+        return f"{self.results}/records/{model}/units/{variant}/{unit}/{kind}.parquet"
 
 
 @dataclass(frozen=True)
@@ -286,6 +299,70 @@ class Design:
                     (lay.bsft_dir(model, under, source, bseed, f"t{last}"),), ref_under, group, "stacked",
                     cell(f"undertrained {source}", "undertrained", source, last, "stacked", bseed), seed=seed)
         return out
+
+    def variant(self, model: str, name: str) -> Variant:
+        """One variant of `model`, or an error naming the known ones."""
+        table = self.variants(model)
+        if name not in table:
+            raise ConfigError(f"variant `{name}` of model `{model}` is not in the audit "
+                              f"(known: {', '.join(sorted(table))})")
+        return table[name]
+
+    def group(self, model: str, group: str) -> list[str]:
+        """The variants of one probe group, or an error naming the known groups."""
+        groups = self.probe_groups(model)
+        if group not in groups:
+            raise ConfigError(f"probe group `{group}` of model `{model}` is not in the audit "
+                              f"(known: {', '.join(sorted(groups))})")
+        return groups[group]
+
+    def made_weights(self, model: str, names: list[str]) -> list[str]:
+        """The adapters and workflow-made bases (merged bases) `names` read:
+        what their jobs take as input, beside the model's own base."""
+        table, base = self.variants(model), self.model_path(model)
+        return sorted({p for n in names for p in (*table[n].adapters, table[n].base) if p != base})
+
+    def records_files(self, kind: str, fine: bool) -> list[str]:
+        """Every records file of `kind` the tables read: one per probe group,
+        or one per (variant, probe unit) under the fine grain."""
+        lay, models = self.layout, self.config["audit"]["models"]
+        if fine:
+            return [lay.unit_records(m, v, u, kind) for m in models for v in self.variants(m)
+                    for u in self.variant_units(m, v, kind)]
+        return [lay.group_records(m, g, kind) for m in models for g in self.probe_groups(m)]
+
+    def unlearn_slice(self, run: str, template: str, seed: int, k: int | None) -> dict:
+        """What one unlearning job reads: its run's method and effective
+        settings, and the K it stops at (a segment, under the fine grain) or
+        the whole sweep (`k` None)."""
+        if run not in self.unlearn_runs:
+            raise ConfigError(f"unlearning run `{run}` is not in `unlearn.runs` ({', '.join(self.unlearn_runs)})")
+        r, block = self.unlearn_runs[run], self.config["unlearn"]
+        return {
+            **r.shared, "method": r.method, "settings": r.method_settings, "template": template, "seed": seed,
+            "head_tokens": self.config["data"]["head_tokens"],
+            "gradient_checkpointing": block["gradient_checkpointing"],
+            "k": k if k is not None else sorted(block["k"]),
+        }
+
+    def model_entry(self, model: str, path: str | None = None) -> dict:
+        """The model entry a job reads; `path` replaces the base weights (a
+        merged base) and keeps the tokenizer settings."""
+        entry = self.config["models"][model]
+        return {"name": model, "path": path or self.model_path(model), **{k: entry.get(k) for k in MODEL_KEYS}}
+
+    def probe_slice(self, kind: str) -> dict:
+        """What a probe pass of `kind` (`decode`, `teacher_forced`) reads."""
+        return {**self.config["probes"][kind], "prefills": self.config["probes"]["prefills"],
+                "head_tokens": self.config["data"]["head_tokens"]}
+
+    def probe_hashes(self) -> dict[str, dict[str, str]]:
+        """Per kind of record, the config hash each probe unit's records must
+        carry (probes/units.py): tables refuse others."""
+        from canary_audit.probes.passes import unit_hashes
+
+        return {"decode": unit_hashes(self.probe_slice("decode")),
+                "token": unit_hashes(self.probe_slice("teacher_forced"))}
 
     def probe_groups(self, model: str) -> dict[str, list[str]]:
         """Probe group -> the variants it scores, in audit order."""

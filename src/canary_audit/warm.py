@@ -29,9 +29,11 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from canary_audit.jobs import MODEL_JOBS
+
 ENV_VAR = "CANARY_AUDIT_WARM"
 # Commands that load a model: the only ones whose start-up the imports dominate.
-MODEL_COMMANDS = frozenset({"base", "memorize", "canary", "unlearn", "bsft", "decode", "score"})
+MODEL_COMMANDS = frozenset(MODEL_JOBS.values())
 # How long a job waits for a server that is still importing (its pid is
 # alive, its socket not bound yet) before it starts on its own.
 STARTUP_WAIT_S = 30.0
@@ -152,6 +154,23 @@ def serve(sock_path: Path, parent: int) -> None:
             pass  # not empty (the server log, in tests): the caller's to remove
 
 
+def _apply_thread_env() -> None:
+    """Give torch the job's thread counts.  A fresh process's OpenMP reads
+    OMP_NUM_THREADS (which Snakemake sets to the job's threads) when torch
+    is imported; in a fork that import happened in the server, under the
+    server's environment, so the job's values are applied here, before its
+    first tensor operation (no thread pool exists yet: `_preload`)."""
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+        try:
+            torch.set_num_interop_threads(int(threads))
+        except RuntimeError:  # already fixed in this process: the intra-op count is what jobs use
+            pass
+
+
 def _child(conn: socket.socket) -> int:
     """Become the job: the client's fds, cwd, environment and argv; run the
     command as `python -m canary_audit` would; report the exit status."""
@@ -167,6 +186,7 @@ def _child(conn: socket.socket) -> int:
     sys.path[0] = request["path0"]  # `python -m` puts the job's working directory first
     os.environ.clear()
     os.environ.update(request["env"])
+    _apply_thread_env()
     # A fresh interpreter seeds `random` from the OS; so does each job.  (Our
     # code draws only from explicitly seeded generators; torch's default one
     # is unused in the server, so the job starts from its usual seed.)
@@ -290,3 +310,37 @@ def stop(sock_path: Path) -> None:
 
 if __name__ == "__main__":
     serve(Path(sys.argv[1]), int(sys.argv[2]))
+
+
+# The server a workflow run started (its socket), if any.
+_STARTED: list[Path] = []
+
+
+def start_for_workflow(workflow, enabled: bool, log_path: Path) -> None:
+    """Start a server when this Snakemake run executes model jobs on this
+    machine (`enabled`: the config's `warm_start`); jobs find it through the
+    environment they inherit.  Never under a cluster executor (jobs that
+    Snakemake spawns remotely run with --no-hooks), for `--touch`, or when
+    no model job is to run."""
+    import tempfile
+
+    if not (enabled and supported() and workflow.local_exec) or workflow.touch:
+        return
+    if not any(job.rule.name in MODEL_JOBS for job in workflow.dag.needrun_jobs()):
+        return
+    sock = Path(tempfile.mkdtemp(prefix="canary-warm-")) / "server.sock"
+    start(sock, log_path)
+    os.environ[ENV_VAR] = str(sock)
+    _STARTED.append(sock)
+
+
+def stop_for_workflow() -> None:
+    """Stop the server `start_for_workflow` started (Snakemake's onsuccess
+    and onerror hooks)."""
+    import shutil
+
+    while _STARTED:
+        sock = _STARTED.pop()
+        stop(sock)
+        shutil.rmtree(sock.parent, ignore_errors=True)
+        os.environ.pop(ENV_VAR, None)

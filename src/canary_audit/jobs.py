@@ -1,0 +1,19 @@
+"""The workflow's model-loading jobs, declared once: rule name -> the
+`python -m canary_audit` command it runs.
+
+Their start-up is mostly imports of torch, transformers and peft, which the
+warm start (warm.py) pays once per run; the workflow starts the warm server
+only when one of these rules has jobs to run, and the end-to-end benchmark
+maps a warm-started command's log line back to its rule.  No imports here:
+the warm server reads this before it preloads anything.
+"""
+
+MODEL_JOBS = {
+    "embedded_base": "base",
+    "memorize": "memorize",
+    "canary_lora": "canary",
+    "bsft": "bsft",
+    "unlearn": "unlearn",
+    "decode_pass": "decode",
+    "teacher_forced_pass": "score",
+}
