@@ -282,3 +282,42 @@ def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec,
     plain = samples(ModelSpec("tiny", peaked))
     assert samples(ModelSpec("tiny", shipped)) == plain
     assert load_model(ModelSpec("tiny", shipped)).generation_config.repetition_penalty == 1.5  # the file is read
+
+
+@pytest.fixture(scope="module")
+def random_adapters(spec, tmp_path_factory):
+    """Two LoRA adapters with non-zero B (a fresh LoRA changes nothing)."""
+    from peft import LoraConfig, get_peft_model
+
+    out = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        lora = get_peft_model(load_model(spec), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+        path = tmp_path_factory.mktemp("adapters") / f"a{seed}"
+        lora.save_pretrained(path)
+        out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["decode", "token"])
+def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads_records(
+        tiny_assets, spec, random_adapters, kind):
+    """A probe job loads each base once and switches adapters in place
+    (VariantModels); every variant's records equal a fresh load's, bitwise
+    (same weights, same layers): base, adapter, base again, another adapter,
+    and a merged application (loaded fresh)."""
+    from canary_audit.model.loading import VariantModels
+
+    data, _ = tiny_assets
+    run = decode_pass if kind == "decode" else teacher_forced_pass
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "max_new_tokens": 8, "hex_max_new_tokens": 8,
+           "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
+    a, b = random_adapters
+    sequence = [([], False), ([a], False), ([], False), ([b], False), ([a], True), ([b], False)]
+    models = VariantModels()
+    for adapters, merged in sequence:
+        shared = run(spec, adapters, data, cfg, "v", merged=merged, models=models)
+        fresh = run(spec, adapters, data, cfg, "v", merged=merged)
+        assert shared.equals(fresh), (adapters, merged)
+    assert len(models._peft.peft_config) == 1  # one adapter resident at a time

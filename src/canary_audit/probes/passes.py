@@ -18,7 +18,7 @@ import polars as pl
 
 from canary_audit.formats import ChatFormat
 from canary_audit.model.embedded import pad_batch
-from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
+from canary_audit.model.loading import VariantModels, fingerprint, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
 from canary_audit.probes.units import probe_units, unit_config, unit_of_arm_expr
@@ -160,19 +160,9 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
     return out
 
 
-def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
-                merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
-                weights: str | None = None):
-    """Every decode item of the variant (its probe sets, or one unit), as
-    records; `weights` is the variant's fingerprint when the caller has
-    checked it (else it is computed here)."""
-    import torch
-
-    torch.set_num_threads(cfg["threads"])
-    tok = load_tokenizer(spec)
-    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets, unit)
-    model = load_model(spec, adapters, merge_all=merged)
+def _decode(model, tok, items: list[DecodeItem], cfg: dict) -> list[tuple]:
+    """(item, arm, sample, (generated ids, hit EOS), prompt ids) of every
+    greedy decode and, with `hit_k`, every sampled one."""
     t0 = time.perf_counter()
     # Hex records are short (`TEXTCAN-{16hex}-END`): their decodes get their
     # own, smaller budget, so a canary the model does not end costs ~20
@@ -193,6 +183,24 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
         decoded += [(it, "sampled", j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
                     for j, out in enumerate(outs_k)]
+    return decoded
+
+
+def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
+                merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
+                weights: str | None = None, models: VariantModels | None = None):
+    """Every decode item of the variant (its probe sets, or one unit), as
+    records; `weights` is the variant's fingerprint when the caller has
+    checked it (else it is computed here); `models` keeps a job's bases
+    loaded across its variants (else the variant is loaded fresh)."""
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
+    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets, unit)
+    with (models or VariantModels()).model(spec, adapters, merged) as model:
+        decoded = _decode(model, tok, items, cfg)
     rows = []
     for it, arm, sample, (ids, hit_eos), prompt_ids in decoded:
         rows.append({
@@ -312,18 +320,18 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
                         merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
-                        weights: str | None = None):
+                        weights: str | None = None, models: VariantModels | None = None):
     """Every scored item of the variant (its probe sets, or one unit), one
-    record per scored token; `weights` as in `decode_pass`."""
+    record per scored token; `weights` and `models` as in `decode_pass`."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
     items = scored_items(fmt, data_dir, cfg, probe_sets, unit)
-    model = load_model(spec, adapters, merge_all=merged)
     t0 = time.perf_counter()
-    scored = score_tokens(model, tok, items, cfg["batch_size"])
+    with (models or VariantModels()).model(spec, adapters, merged) as model:
+        scored = score_tokens(model, tok, items, cfg["batch_size"])
     log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), scored.height, time.perf_counter() - t0)
     weights = weights or fingerprint(spec, adapters, merged)
     return conform(stamp(scored.with_columns(variant=pl.lit(variant)), cfg, weights), "token")
