@@ -152,3 +152,13 @@ def test_prefill_arms_refuse_a_variant_whose_arm_records_are_missing():
     ]).with_columns(group_id=pl.lit("author0"), item_id=pl.lit("c0"))
     with pytest.raises(MissingValuesError, match=r"table `prefill_arms`, column `prefill_bio`.*m/npo"):
         prefill_arms(d, ParserConvention(), BOOT, "bio")
+
+
+def test_without_a_variant_table_the_run_tables_are_left_out():
+    """Records alone (no view config) give every table that needs no
+    variant structure; k_sweep, cross_seed and templates need the variant
+    table, and are omitted rather than guessed from names."""
+    d = decode_rows("m/mem", [("canary", "auto", "P", f"<think>{CANARY}</think>{CANARY}", CANARY)])
+    tables = build_tables(d, pl.DataFrame(), {"window_k": 20})
+    assert {"canary_leakage", "prefill_arms", "parser_conventions", "bypass_anatomy"} <= set(tables)
+    assert not {"k_sweep", "cross_seed", "templates"} & set(tables)

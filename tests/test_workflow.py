@@ -127,6 +127,23 @@ def test_report_holds_tables_and_plots(smoke_run, tmp_path):
         assert name in html, name
 
 
+def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
+    """docs/results.md's generator: every headline section from the tables,
+    numbers as the tables hold them, and the records' code version."""
+    from canary_audit.cli import main
+    from canary_audit.provenance import code_version
+
+    tables, out = smoke_run / "results" / "smoke" / "tables", tmp_path / "results.md"
+    main(["summary", "--tables", str(tables), "--out", str(out)])
+    text = out.read_text()
+    for title in ("K sweep", "Prefill arms at fixed weights", "Retain utility", "Hex canary recall",
+                  "Paper B: cell x probe matrix"):
+        assert f"## {title}" in text, title
+    assert f"`{code_version()}`" in text
+    sweep = pl.read_csv(tables / "k_sweep.csv").row(0, named=True)
+    assert f"| {sweep['template']} | {sweep['run']} | {sweep['k']} | {round(sweep['out_acc'], 2)} [" in text
+
+
 def test_nothing_to_do_after_a_finished_run(smoke_run):
     assert planned_jobs(smoke_run) == {}
 

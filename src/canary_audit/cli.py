@@ -181,10 +181,16 @@ def cmd_plots(args, params):
     return write_plots(Path(args.tables), tokens, params, Path(args.out))
 
 
+def cmd_summary(args, params):
+    from canary_audit.summary import write_summary
+
+    return write_summary(Path(args.tables), Path(args.out))
+
+
 COMMANDS = {
     "data": cmd_data, "base": cmd_base, "memorize": cmd_memorize, "canary": cmd_canary,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
-    "tables": cmd_tables, "plots": cmd_plots,
+    "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary,
 }
 
 

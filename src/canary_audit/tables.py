@@ -76,18 +76,23 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
     canary = decode.filter(pl.col("probe_set") == "canary") if decode.height else decode
     if canary.height:
         leakage = paper_a.canary_leakage(decode, convention, boot)
-        sweep = paper_a.k_sweep(leakage, variants)
         tables["canary_leakage"] = (
             f"Canary leakage per variant and arm (parser: {convention.name}; {ci})", leakage
         )
-        tables["k_sweep"] = (
-            f"K sweep, AUTO arm, memorized adapter as K = 0; each run's method and effective settings ({ci})", sweep
-        )
-        tables["cross_seed"] = ("Cross-seed replication of the K sweep (AUTO arm)", paper_a.cross_seed(sweep))
-        tables["templates"] = (
-            "Training-time template comparison (AUTO arm) with parser health",
-            paper_a.template_comparison(leakage, variants),
-        )
+        if variants:
+            sweep = paper_a.k_sweep(leakage, variants)
+            tables["k_sweep"] = (
+                f"K sweep, AUTO arm, memorized adapter as K = 0; each run's method and effective settings ({ci})",
+                sweep,
+            )
+            tables["cross_seed"] = ("Cross-seed replication of the K sweep (AUTO arm)", paper_a.cross_seed(sweep))
+            tables["templates"] = (
+                "Training-time template comparison (AUTO arm) with parser health",
+                paper_a.template_comparison(leakage, variants),
+            )
+        else:
+            log.info("no variant table in the view config (`variants`): k_sweep, cross_seed and templates need "
+                     "each variant's run, template, seed and K; the workflow's view_config.json has it")
         tables["prefill_arms"] = (
             f"Prefill arms at fixed weights: out_acc per arm and Delta_AB = AUTO - "
             f"prefill_{cfg.get('prefill_contrast', 'bio')} ({ci})",

@@ -1,0 +1,80 @@
+"""A run's headline results as one Markdown page, written from its tables
+(never typed by hand): the K sweep, the prefill arms, retain utility, hex
+recall and paper B's cell x probe matrix, with the code versions the tables
+read.  `python -m canary_audit summary --tables results/tables --out
+docs/results.md` writes docs/results.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from canary_audit.tables import to_markdown
+
+
+def with_ci(frame: pl.DataFrame, columns: list[str], digits: int = 2) -> pl.DataFrame:
+    """Each `x` of `columns` as one text column `x [x_lo, x_hi]`."""
+    def fmt(col: str) -> pl.Expr:
+        value = pl.col(col).round(digits).cast(pl.Utf8)
+        if f"{col}_lo" not in frame.columns:
+            return value.alias(col)
+        return pl.format("{} [{}, {}]", value, pl.col(f"{col}_lo").round(digits),
+                         pl.col(f"{col}_hi").round(digits)).alias(col)
+    return frame.with_columns(fmt(c) for c in columns)
+
+
+def _read(tables: Path, name: str) -> pl.DataFrame | None:
+    path = tables / f"{name}.csv"
+    return pl.read_csv(path) if path.is_file() else None
+
+
+def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
+    """(title, sentence, frame) of each headline table the run has."""
+    out = []
+    if (sweep := _read(tables, "k_sweep")) is not None:
+        out.append(("K sweep", "AUTO arm along each unlearning run; K = 0 is the memorized adapter "
+                    "(author-clustered bootstrap 95% CIs).",
+                    with_ci(sweep, ["out_acc", "thk_leak", "gap"]).select("template", "run", "k", "out_acc",
+                                                                          "thk_leak", "gap")))
+    if (arms := _read(tables, "prefill_arms")) is not None:
+        rates = [c for c in arms.columns if c not in ("variant", "n") and not c.endswith(("_lo", "_hi"))]
+        out.append(("Prefill arms at fixed weights", "out_acc under each arm and Delta_AB = AUTO - the "
+                    "contrast prefill.", with_ci(arms, rates).select("variant", *rates)))
+    if (util := _read(tables, "utility")) is not None:
+        retain = util.filter(pl.col("probe_set") == "retain")
+        out.append(("Retain utility", "Retain accuracy and the share of answers naming a fictional author.",
+                    with_ci(retain, ["accuracy", "substitution_rate"]).select("variant", "accuracy",
+                                                                              "substitution_rate")))
+    if (recall := _read(tables, "hex_recall")) is not None:
+        keep = [c for c in ("variant", "n", "hit_at_1", "hit_at_k", "k") if c in recall.columns]
+        out.append(("Hex canary recall", "Greedy hit@1 and hit@k over the hex canaries.", recall.select(keep)))
+    if (matrix := _read(tables, "bsft_matrix")) is not None:
+        out.append(("Paper B: cell x probe matrix", "Each probe's Delta against the merged base (canary-clustered "
+                    "95% CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "
+                    "threshold (the point-estimate reading is in point_diagnosis).",
+                    with_ci(matrix, ["delta_window", "delta_secret", "delta_hit1"], 4).select(
+                        "cell", "delta_window", "v_window", "delta_secret", "v_secret", "ref_hit1", "hit1",
+                        "v_hit1", "hitk", "v_hitk", "point_diagnosis", "diagnosis", "inconclusive_probes")))
+    return out
+
+
+def write_summary(tables: Path, out: Path) -> dict[str, int]:
+    """Write the summary page; returns the rows of each section."""
+    provenance = _read(tables, "provenance")
+    versions = sorted(provenance["code_version"].unique()) if provenance is not None else []
+    parts = [
+        "# Results of a run\n",
+        f"Written by `python -m canary_audit summary --tables {tables} --out {out}` from that run's tables; "
+        "do not edit by hand. Code version(s) of the records: " + (", ".join(f"`{v}`" for v in versions) or "unknown")
+        + ". CPU float kernels differ between machines and training amplifies the difference, so another "
+        "machine gives other numbers, which agree with these within their CIs.\n",
+    ]
+    rows = {}
+    for title, sentence, frame in sections(tables):
+        parts.append(f"## {title}\n\n{sentence}\n\n{to_markdown(frame)}")
+        rows[title] = frame.height
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts))
+    return rows
