@@ -230,6 +230,17 @@ def test_agreement_means_every_probe_points_the_same_way(window, secret, hit1, h
     assert row["inconclusive_probes"] == ""
 
 
+def test_a_hit_rate_at_zero_on_both_weights_casts_no_vote():
+    """An undertrained cell (hit@1 0 before and after) whose NLL probes both
+    rise agrees: the hit rate could not fall; were the reference at 1.0, a
+    kept hit rate beside rising NLL would be a disagreement."""
+    row = with_verdicts(pl.DataFrame([{
+        "delta_window": UP, "delta_secret": UP, "delta_hit1": 0.0, "delta_hitk": None, "decoy_contrast": 0.0,
+        "hit1": 0.0, "ref_hit1": 0.0, "hitk": None, "ref_hitk": None}]), Verdicts()).row(0, named=True)
+    assert (row["v_hit1"], row["diagnosis"]) == ("kept", "agree")
+    assert verdict_row(UP, UP, 0.0)["diagnosis"] == "unexplained disagreement"
+
+
 def test_a_ci_across_a_threshold_reads_inconclusive_and_the_diagnosis_says_so():
     # Secret-span point estimate is "up", but its CI reaches below the 0.005 threshold.
     row = verdict_row(FLAT, UP, -0.5, ci={"delta_secret": (0.001, 0.04)})

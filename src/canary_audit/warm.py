@@ -1,7 +1,7 @@
 """Warm start for jobs run on this machine: one server process imports torch,
 transformers and peft once and forks a child per model job, so a job skips
 the imports that are most of a short job's start-up (a fresh interpreter
-spends ~7 s importing them on the 2-core machine; see README, "Speed").
+spends ~7 s importing them on the 2-core machine; see docs/performance.md).
 
 The Snakefile starts the server when the run executes its jobs locally
 (`warm_start: true`; never under a cluster executor) and sets CANARY_AUDIT_WARM

@@ -5,8 +5,9 @@ One plain PyTorch loop serves all of them.  Each step draws a forget batch and
 a retain batch (training on the forget set alone wrecks the model, FINDINGS
 trap 3), so batch composition is exact and seeded; the forget loss is a named
 choice (NLL for memorization, an unlearning method's loss from
-train/methods.py).  trl is not used: it has no NPO trainer, and one loop
-keeps every adapter's batches and checkpoints identical in form.
+train/methods.py).  trl is not a dependency: it has no NPO trainer, RMU
+needs hidden states and a frozen reference of its own, and one loop keeps
+every adapter's batches and checkpoints identical in form.
 """
 
 from __future__ import annotations
