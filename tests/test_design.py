@@ -240,3 +240,37 @@ def test_lookups_name_what_is_known_and_files_follow_the_layout():
     assert design.model_entry("tiny", "elsewhere") == {
         "name": "tiny", "path": "elsewhere", "dtype": "float32", "think_open": "<think>", "think_close": "</think>",
         "chat_template": None, "trust_remote_code": False}
+
+
+def test_tables_plots_and_probe_sets_are_each_declared_once():
+    """The tables the views build are the design's table list; every plot has
+    its report caption."""
+    import polars as pl
+    from test_paper_b import CELLS, PARENTS, decodes, tokens
+
+    from canary_audit.design import ALL_TABLES
+    from canary_audit.plots import PLOTS
+    from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+    from canary_audit.tables import build_tables
+
+    built = build_tables(pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 0), schema=DECODE_SCHEMA),
+                         pl.DataFrame(tokens("m/ref") + tokens("m/cell", {25: -1.5}), schema=TOKEN_SCHEMA),
+                         {"window_k": 20, "parents": PARENTS, "cells": CELLS, "bootstrap": {"replicates": 20}})
+    assert set(built) <= set(ALL_TABLES)
+    assert {p.stem for p in (ROOT / "report").glob("*.rst")} >= set(PLOTS)
+
+
+def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets):
+    from canary_audit.formats import ChatFormat
+    from canary_audit.model.loading import load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.probes.items import decode_items, scored_items
+    from canary_audit.records import PROBE_SETS
+
+    fmt = ChatFormat(load_tokenizer(ModelSpec("tiny", tiny_assets[1])), "<think>", "</think>")
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6}
+    written = {it.probe_set for it in decode_items(fmt, tiny_assets[0], cfg)} | {
+        it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg)}
+    assert written == {name for family in PROBE_SETS.values() for name in family}
+    hex_only = {it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg, {"hex"})}
+    assert hex_only == set(PROBE_SETS["hex"])

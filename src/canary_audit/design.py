@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.units import AUTO
+from canary_audit.records import PROBE_SETS
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
 TEMPLATES = ("bio", "meta", "none")
@@ -38,7 +39,7 @@ ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, PRO
 MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code")
 # Probe sets a probe group runs: the hex canaries (and decoys), the author and
 # retain probes, or both.
-HEX, AUTHOR_SETS, ALL_SETS = "hex", "canary qa retain", "all"
+HEX, AUTHOR_SETS, ALL_SETS = "hex", " ".join(PROBE_SETS["author"]), "all"
 
 
 class ConfigError(ValueError):

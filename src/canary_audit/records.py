@@ -58,8 +58,15 @@ TOKEN_SCHEMA = {
 }
 
 SCHEMAS = {"decode": DECODE_SCHEMA, "token": TOKEN_SCHEMA}
-# The hex canaries and their two decoys: the probe sets paper B's views read.
-HEX_SETS = ("hex", "decoy_shuffled", "decoy_wrong")
+# Every probe set a record's `probe_set` can name, by family: the author
+# probes (paper A: canaries after their head, per-author QA, the retain set)
+# and the hex canaries with their two decoys (paper B).  A pass asked for a
+# family (`--probe-sets hex`) runs all of its sets.
+PROBE_SETS = {
+    "author": ("canary", "qa", "retain"),
+    "hex": ("hex", "decoy_shuffled", "decoy_wrong"),
+}
+HEX_SETS = PROBE_SETS["hex"]
 
 
 class RecordsError(ValueError):
