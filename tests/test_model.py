@@ -321,3 +321,10 @@ def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads
         fresh = run(spec, adapters, data, cfg, "v", merged=merged)
         assert shared.equals(fresh), (adapters, merged)
     assert len(models._peft.peft_config) == 1  # one adapter resident at a time
+
+
+def test_a_head_longer_than_the_canary_names_the_config_key(spec):
+    from canary_audit.model.tokens import canary_head
+
+    with pytest.raises(ValueError, match=r"lower `data.head_tokens`"):
+        canary_head(load_tokenizer(spec), "Short canary.", 50)

@@ -158,3 +158,19 @@ def test_only_linux_machines_without_a_gpu_start_a_server(monkeypatch):
     assert warm.supported() == sys.platform.startswith("linux")
     monkeypatch.setattr(warm, "nvidia_devices", lambda: ["/dev/nvidia0"])
     assert not warm.supported()
+
+
+def test_a_forked_job_takes_its_own_thread_count(monkeypatch):
+    """Snakemake sets OMP_NUM_THREADS per job; a fresh process's OpenMP reads
+    it at import, a forked one would keep the server's, so the child applies
+    it (here: the child's step, in this process)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+            warm._apply_thread_env()
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
