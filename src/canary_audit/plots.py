@@ -185,15 +185,20 @@ def disagreement_figure(matrix: pl.DataFrame):
             value = r.get(values[v])
             ax.text(j, i, "" if value is None else f"{value:+.3f}" if "hit" not in v else f"{value:.2f}",
                     ha="center", va="center", fontsize=7)
-        weak = " (its evidence does not hold)" if r.get("evidence_supports") is False else ""
-        ax.text(len(MATRIX_PROBES) - 0.35, i, r["diagnosis"] + weak, va="center", fontsize=8,
+        if r["diagnosis"] == "inconclusive":
+            label = f"inconclusive ({r.get('inconclusive_probes')}); points read: {r.get('point_diagnosis')}"
+        else:
+            weak = " (its evidence does not hold)" if r.get("evidence_supports") is False else ""
+            label = r["diagnosis"] + weak
+        ax.text(len(MATRIX_PROBES) - 0.35, i, label, va="center", fontsize=8,
                 color="black" if r["diagnosis"] == "agree" else "darkred")
     ax.set_xticks(range(len(MATRIX_PROBES)))
     ax.set_xticklabels([label for _, label in MATRIX_PROBES], fontsize=8)
     ax.set_yticks(range(rows.height))
     ax.set_yticklabels([f"{r['cell']} (c{r['canary_seed']})" for r in rows.iter_rows(named=True)], fontsize=7)
-    ax.set_xlim(-0.5, len(MATRIX_PROBES) + 2.5)
-    ax.set_title("Verdict per probe (red: up, blue: down, grey: unchanged) and the detector's diagnosis")
+    ax.set_xlim(-0.5, len(MATRIX_PROBES) + 4.5)
+    ax.set_title("Verdict per probe (red: up, blue: down, grey: unchanged, white: inconclusive, its CI "
+                 "straddling the threshold) and the detector's diagnosis", fontsize=10)
     fig.tight_layout()
     return fig
 
