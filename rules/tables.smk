@@ -66,7 +66,11 @@ rule plots:
         **job_resources("light"),
     params:
         cfg=canonical(
-            {"window_k": config["tables"]["window_k"], "parents": DESIGN.parents()}
+            {
+                "window_k": config["tables"]["window_k"],
+                "parents": DESIGN.parents(),
+                "variants": DESIGN.variant_table(),
+            }
         ),
         tables=lambda w, input: str(Path(input.tables[0]).parent),
         out=lambda w, output: str(Path(output[0]).parent),

@@ -99,3 +99,12 @@ def test_disagreement_matrix_is_drawn_from_bsft_records(tmp_path):
     write_plots(tmp_path / "tables", tokens, cfg, tmp_path / "plots")
     png = (tmp_path / "plots" / "disagreement_matrix.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
+
+
+def test_author_probe_plots_pick_variants_by_kind_not_name():
+    from canary_audit.plots import _audited
+
+    frame = pl.DataFrame({"variant": ["m/canary_run", "m/plain", "m/x"]})
+    variants = {"m/canary_run": {"kind": "unlearned"}, "m/plain": {"kind": "base"}, "m/x": {"kind": "memorized"}}
+    assert _audited(frame, variants)["variant"].to_list() == ["m/canary_run", "m/x"]
+    assert _audited(frame, {})["variant"].to_list() == ["m/canary_run", "m/plain", "m/x"]  # no table: every row

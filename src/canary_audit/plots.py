@@ -38,12 +38,20 @@ def _empty(plt, message: str):
     return fig
 
 
-def _audited(frame: pl.DataFrame) -> pl.DataFrame:
-    """Rows of memorized and unlearned variants (the base model and hex-canary
-    adapters hold no author canaries); empty when the table is."""
+AUTHOR_KINDS = ("memorized", "unlearned")
+
+
+def _audited(frame: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
+    """Rows of memorized and unlearned variants, by their kind in the
+    design's variant table (the base model and hex-canary adapters hold no
+    author canaries); every row when no variant table is given; empty when
+    the table is."""
     if "variant" not in frame.columns:
         return pl.DataFrame()
-    return frame.filter(~pl.col("variant").str.ends_with("/base") & ~pl.col("variant").str.contains("/canary"))
+    if not variants:
+        return frame
+    keep = [name for name, fields in variants.items() if fields.get("kind") in AUTHOR_KINDS]
+    return frame.filter(pl.col("variant").is_in(keep))
 
 
 def _err(frame: pl.DataFrame, col: str):
@@ -104,9 +112,9 @@ def _short(variants) -> list[str]:
     return [v.split("/", 1)[1] for v in variants]
 
 
-def prefill_arms_figure(prefill: pl.DataFrame):
+def prefill_arms_figure(prefill: pl.DataFrame, variants: dict[str, dict]):
     """out_acc of every arm at fixed weights, per variant, with CIs."""
-    frame = _audited(prefill)
+    frame = _audited(prefill, variants)
     if frame.is_empty():
         return _empty(_plt(), "no memorized variants in these records")
     arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))]
@@ -114,9 +122,9 @@ def prefill_arms_figure(prefill: pl.DataFrame):
                        "Prefill arms at fixed weights (AUTO = the model's own trace)", "out_acc", 1.1)
 
 
-def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame):
+def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame, variants: dict[str, dict]):
     """Greedy out_acc beside teacher-forced top-1 rate, per variant and prefill arm."""
-    frame = _audited(tfg)
+    frame = _audited(tfg, variants)
     if frame.is_empty():
         return _empty(_plt(), "no teacher-forced canary records")
     frame = frame.sort("variant", "arm")
@@ -125,9 +133,9 @@ def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame):
                        "Same canaries, same weights: greedy recall vs teacher-forced top-1", "rate", 0.6)
 
 
-def parser_conventions_figure(conventions: pl.DataFrame):
+def parser_conventions_figure(conventions: pl.DataFrame, variants: dict[str, dict]):
     """The AUTO gap of each unlearned or memorized variant under every parser convention."""
-    frame = _audited(conventions)
+    frame = _audited(conventions, variants)
     if frame.is_empty():
         return _empty(_plt(), "no memorized variants in these records")
     names = sorted(frame["convention"].unique().to_list())
@@ -204,9 +212,12 @@ def disagreement_figure(matrix: pl.DataFrame):
 
 
 def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path) -> list[str]:
-    """Every plot, as PNG, from a tables folder and the token records."""
+    """Every plot, as PNG, from a tables folder and the token records;
+    `cfg["variants"]` (the design's variant table) picks the author-probe
+    variants of the paper A bar charts."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    variants = cfg.get("variants", {})
 
     def table(name: str) -> pl.DataFrame:
         path = Path(tables_dir) / f"{name}.csv"
@@ -214,9 +225,9 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
 
     figures = {
         "k_sweep": k_sweep_figure(table("k_sweep")),
-        "prefill_arms": prefill_arms_figure(table("prefill_arms")),
-        "teacher_forced_vs_greedy": teacher_forced_vs_greedy_figure(table("teacher_forced_vs_greedy")),
-        "parser_conventions": parser_conventions_figure(table("parser_conventions")),
+        "prefill_arms": prefill_arms_figure(table("prefill_arms"), variants),
+        "teacher_forced_vs_greedy": teacher_forced_vs_greedy_figure(table("teacher_forced_vs_greedy"), variants),
+        "parser_conventions": parser_conventions_figure(table("parser_conventions"), variants),
         "delta_nll_positions": delta_nll_figure(
             position_deltas(tokens.filter(pl.col("probe_set") == "hex") if tokens.height else tokens,
                             cfg.get("parents", {})), cfg["window_k"]),
