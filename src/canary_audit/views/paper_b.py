@@ -161,11 +161,11 @@ def with_verdicts(frame: pl.DataFrame, v: Verdicts) -> pl.DataFrame:
     `point_diagnosis` reads the point estimates: `agree` when every probe
     (windowed NLL, secret-span NLL, hit@1, and hit@k where sampled; a hit
     rate at 0 on both weights has no vote) points the same way (all say
-    forgotten, all strengthened, or all unchanged), one of
-    the three named disagreements (paper B's case studies), or `unexplained
-    disagreement`.  `diagnosis` is that reading when every probe it rests on
-    is conclusive, and `inconclusive` when a probe's CI straddles its
-    threshold (`inconclusive_probes` names them).
+    forgotten, all strengthened, or all unchanged), one of the three named
+    disagreements (paper B's case studies), or `unexplained disagreement`.
+    `diagnosis` is that reading when every probe it rests on is conclusive,
+    and `inconclusive` when a probe's CI straddles its threshold
+    (`inconclusive_probes` names them).
     """
     frame = frame.with_columns(
         v_window=_verdict(frame, "delta_window", v.delta_nll, "nll"),
@@ -178,17 +178,18 @@ def with_verdicts(frame: pl.DataFrame, v: Verdicts) -> pl.DataFrame:
         p_hit1=_band(pl.col("delta_hit1"), v.hit_rate, "hit"),
         p_hitk=pl.when(pl.col("delta_hitk").is_not_null()).then(_band(pl.col("delta_hitk"), v.hit_rate, "hit")),
     )
-    dirs = [_direction(f"p_{probe}", kind) for probe, kind in AGREEMENT_PROBES.items()]
+    dirs = {probe: _direction(f"p_{probe}", kind) for probe, kind in AGREEMENT_PROBES.items()}
     # A hit rate that was 0 on the reference and stays 0 cannot register
     # forgetting (no canary to lose): it casts no vote, rather than a "kept"
     # that would contradict NLL probes on an undertrained cell.
-    for i, probe in enumerate(("hit1", "hitk"), start=2):
-        if {probe, f"ref_{probe}"} <= set(frame.columns):
+    for probe, kind in AGREEMENT_PROBES.items():
+        if kind == "hit" and {probe, f"ref_{probe}"} <= set(frame.columns):
             floor = (pl.col(f"ref_{probe}") == 0) & (pl.col(probe) == 0)
-            dirs[i] = pl.when(floor).then(pl.lit(None, pl.Utf8)).otherwise(dirs[i])
+            dirs[probe] = pl.when(floor).then(pl.lit(None, pl.Utf8)).otherwise(dirs[probe])
+    window, *others = dirs.values()
     agree = pl.lit(True)
-    for d in dirs[1:]:
-        agree = agree & (d.is_null() | (d == dirs[0]))
+    for d in others:
+        agree = agree & (d.is_null() | (d == window))
     w, s, h = pl.col("p_window"), pl.col("p_secret"), pl.col("p_hit1")
     point = (
         pl.when(agree).then(pl.lit("agree"))
