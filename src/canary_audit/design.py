@@ -137,18 +137,16 @@ class Variant:
 class Design:
     """The experiment of one validated config (`results` and model paths
     come from the config).  Construction runs every cross-key check the
-    schema cannot express (`check=False` skips all but the unlearning runs',
-    which resolving them performs)."""
+    schema cannot express, so a Design that exists is one the workflow can
+    run."""
 
-    def __init__(self, config: dict, check: bool = True):
+    def __init__(self, config: dict):
         self.config = config
         self.layout = Layout(config["results"])
-        if check:
-            self._check_audit()
+        self._check_audit()
         self.unlearn_runs = self._unlearn_runs()
         self._variants_of: dict[str, dict[str, Variant]] = {}
-        if check:
-            self._check_arms()
+        self._check_arms()
 
     # --- unlearning runs -------------------------------------------------
 
@@ -170,7 +168,7 @@ class Design:
             try:
                 method_settings = METHODS[method].settings(given)
             except ValueError as err:
-                raise ConfigError(f"config key `{key}`: {err}; remove it or choose a method that uses it") from None
+                raise ConfigError(f"config key `{key}`: {err}") from None
             for template in entry["templates"]:
                 if template not in templates:
                     raise ConfigError(
@@ -191,10 +189,6 @@ class Design:
                     )
                 seen[same] = run.name
         return runs
-
-    def unlearn_pairs(self) -> list[tuple[str, str]]:
-        """(run, template) of every unlearning job chain, in config order."""
-        return [(r.name, t) for r in self.unlearn_runs.values() for t in r.templates]
 
     # --- bSFT ------------------------------------------------------------
 

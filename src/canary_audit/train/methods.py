@@ -47,7 +47,8 @@ class Param:
             bound = (f"> {self.above}" if self.above is not None else f">= {self.at_least}"
                      if self.at_least is not None else "a number")
             kind = "an integer " if self.integer else "a number "
-            raise ValueError(f"`{name}` = {value!r} of method `{method}`: must be {kind}{bound} ({self.doc})")
+            raise ValueError(f"`{name}` = {value!r} of method `{method}`: must be {kind}{bound} ({self.doc}); "
+                             "set it in range, or leave it out for the default")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class UnlearnMethod:
         if unused:
             takes = ", ".join(self.params) or "no hyperparameters"
             raise ValueError(f"method `{self.name}` does not use {', '.join(f'`{k}`' for k in unused)} "
-                             f"(it takes: {takes})")
+                             f"(it takes: {takes}); remove it, or choose a method that uses it")
         out = {k: given.get(k, p.default) for k, p in self.params.items()}
         for k, value in out.items():
             self.params[k].check(self.name, k, value)
