@@ -135,7 +135,7 @@ def test_variant_table_of_the_smoke_audit():
     assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-none-s0", "bsft-s0-b0"}
     assert design.probe_sets_of("bsft-s0-b0") == "hex" and design.probe_sets_of("base") == "all"
     assert design.cells()["tiny/bsft-gui-t2-merged-b0-s0"]["application"] == "merged"
-    assert design.table_names()[-1] == "provenance"
+    assert design.table_names()[-2:] == ["extraction", "provenance"]
 
 
 def test_registries_and_schema_enumerations_agree():

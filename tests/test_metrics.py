@@ -162,3 +162,31 @@ def test_without_a_variant_table_the_run_tables_are_left_out():
     tables = build_tables(d, pl.DataFrame(), {"window_k": 20})
     assert {"canary_leakage", "prefill_arms", "parser_conventions", "bypass_anatomy"} <= set(tables)
     assert not {"k_sweep", "cross_seed", "templates"} & set(tables)
+
+
+def test_exact_memorization_and_extraction_strength_per_item():
+    """EM = share of secret tokens at rank 1; ES = 1 - k/L for the shortest
+    prefix k after which every secret token is rank 1 (open-unlearning's
+    definitions; ES = 0 when not even the last token is predicted)."""
+    from canary_audit.views.extraction import extraction_table, per_item_extraction
+
+    spans = ["prompt"] * 2 + ["secret"] * 4
+    rows = (token_rows("m/base", "c0", [-1.0] * 6, spans, ranks=[3, 3, 1, 2, 1, 1])    # EM 3/4, ES 2/4
+            + token_rows("m/base", "c1", [-1.0] * 6, spans, ranks=[1, 1, 2, 2, 2, 2])  # EM 0, ES 0
+            + token_rows("m/base", "c2", [-1.0] * 6, spans, ranks=[2, 2, 1, 1, 1, 1])  # EM 1, ES 1
+            + token_rows("m/v", "c0", [-1.0] * 6, spans, ranks=[1, 1, 2, 2, 2, 1])     # EM 1/4, ES 1/4
+            + token_rows("m/v", "c1", [-1.0] * 6, spans, ranks=[1, 1, 2, 2, 2, 2])
+            + token_rows("m/v", "c2", [-1.0] * 6, spans, ranks=[1, 1, 1, 2, 1, 1]))   # EM 3/4, ES 2/4
+    tokens = pl.DataFrame(rows, schema=TOKEN_SCHEMA)
+    items = per_item_extraction(tokens).sort("variant", "item_id")
+    assert items["target_tokens"].to_list() == [4] * 6
+    assert items["exact_memorization"].to_list() == [0.75, 0.0, 1.0, 0.25, 0.0, 0.75]
+    assert items["extraction_strength"].to_list() == [0.5, 0.0, 1.0, 0.25, 0.0, 0.5]
+    table = extraction_table(tokens, {"m/v": "m/base"}, 50, 0, 0.95).sort("variant")
+    base, child = table.rows(named=True)
+    assert base["extraction_strength"] == pytest.approx(0.5) and base["parent"] is None
+    assert child["extraction_strength"] == pytest.approx(0.25)
+    assert child["delta_extraction_strength"] == pytest.approx((-0.25 + 0.0 - 0.5) / 3)
+    assert child["delta_exact_memorization"] == pytest.approx((-0.5 + 0.0 - 0.25) / 3)
+    assert child["delta_extraction_strength_lo"] <= child["delta_extraction_strength"] <= child[
+        "delta_extraction_strength_hi"]

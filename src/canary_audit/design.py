@@ -32,8 +32,10 @@ PAPER_A_TABLES = (
 HEX_TABLES = ("hex_recall", "nll")
 BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
 MERGED_VS_STACKED = "bsft_merged_vs_stacked"
-PROVENANCE_TABLE = "provenance"  # which records files and code versions the tables read (always written)
-ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, PROVENANCE_TABLE)
+# The field's measures over any audit's token records, and which records
+# files and code versions the tables read: always written.
+ALWAYS_TABLES = ("extraction", "provenance")
+ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
 MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code")
@@ -410,7 +412,7 @@ class Design:
                 names += BSFT_TABLES
                 if len(self.bsft["applications"]) > 1 and self.bsft["sources"]:
                     names.append(MERGED_VS_STACKED)
-        return [*names, PROVENANCE_TABLE]
+        return [*names, *ALWAYS_TABLES]
 
     # --- checks ----------------------------------------------------------
 

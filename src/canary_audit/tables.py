@@ -13,6 +13,7 @@ import polars as pl
 
 from canary_audit.records import HEX_SETS, RecordsError, hashes_by_unit, read_records
 from canary_audit.views import paper_a, paper_b
+from canary_audit.views.extraction import extraction_table
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
@@ -124,6 +125,11 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             nll_table(tokens.filter(pl.col("probe_set") == "canary"), window_k, parents).select(
                 "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
             ),
+        )
+        tables["extraction"] = (
+            f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "
+            f"definitions, from teacher-forced ranks), with Deltas against the parent ({ci})",
+            extraction_table(tokens, parents, boot.replicates, boot.seed, boot.level),
         )
         cells = cfg.get("cells", {})
         if cells:
