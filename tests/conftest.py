@@ -23,7 +23,7 @@ def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
 
     data = tmp_path_factory.mktemp("data")
     write_synthetic(data, {"seed": 0, "n_authors": 4, "n_distractors": 10, "n_retain": 8,
-                           "n_hex_canaries": 3, "n_bsft_per_source": 3})
+                           "n_hex_canaries": 3, "n_hex_nonmembers": 4, "n_bsft_per_source": 3})
     model = tmp_path_factory.mktemp("model") / "tiny"
     build_embedded(model, data, {
         "seed": 0, "head_tokens": 6, "threads": 1,
@@ -73,13 +73,15 @@ TIE_FLIP_SHARE = 0.005
 
 
 def assert_token_records_close(got, want) -> None:
-    """`got` equals `want` in every column but the float ones (within
-    LOGPROB_ATOL) and the near-tie-sensitive ones (rank, top-1 id: on at most
-    TIE_FLIP_SHARE of tokens)."""
+    """`got` equals `want` in every column but the float ones (log-probs
+    and their distribution's mean and variance, within LOGPROB_ATOL) and the
+    near-tie-sensitive ones (rank, top-1 id: on at most TIE_FLIP_SHARE of
+    tokens)."""
     from polars.testing import assert_frame_equal
 
     assert got.height == want.height > 0
-    floats, ties = ["logprob", "top1_logprob"], ["rank", "top1_id"]
+    floats = ["logprob", "top1_logprob", "vocab_mean_logprob", "vocab_var_logprob"]
+    ties = ["rank", "top1_id"]
     assert_frame_equal(got.drop(floats + ties), want.drop(floats + ties))
     assert_frame_equal(got.select(floats), want.select(floats), abs_tol=LOGPROB_ATOL, rel_tol=0)
     for column in ties:

@@ -273,4 +273,4 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets):
         it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg)}
     assert written == {name for family in PROBE_SETS.values() for name in family}
     hex_only = {it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg, {"hex"})}
-    assert hex_only == set(PROBE_SETS["hex"])
+    assert hex_only == {*PROBE_SETS["hex"], *PROBE_SETS["nonmember"]}

@@ -1,5 +1,6 @@
 """Views computed on records built by hand, so every number is checkable."""
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -190,3 +191,49 @@ def test_exact_memorization_and_extraction_strength_per_item():
     assert child["delta_exact_memorization"] == pytest.approx((-0.5 + 0.0 - 0.25) / 3)
     assert child["delta_extraction_strength_lo"] <= child["delta_extraction_strength"] <= child[
         "delta_extraction_strength_hi"]
+
+
+def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None):
+    n = len(logprobs)
+    means, variances = means or [-2.0] * n, variances or [1.0] * n
+    return [
+        {"variant": variant, "probe_set": probe_set, "item_id": item, "group_id": item, "arm": "preamble",
+         "position": p + 1, "token_id": 5, "token_text": "a", "logprob": lp, "rank": 1, "top1_id": 5,
+         "top1_logprob": -0.1, "vocab_mean_logprob": mu, "vocab_var_logprob": var, "span": "secret",
+         "config_hash": "h", "model_fingerprint": "f"}
+        for p, (lp, mu, var) in enumerate(zip(logprobs, means, variances))
+    ]
+
+
+def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
+    """Min-K%++ from a hand-made distribution; AUC by counting pairs; TPR at
+    a low FPR by its threshold rule."""
+    from canary_audit.views.mia import auc, item_scores, mia_table, tpr_at_fpr
+
+    rows = mia_tokens("m/v", "h0", "hex", [-1.0, -3.0, -0.5, -2.0], means=[-2.0, -2.0, -1.0, -1.0],
+                      variances=[4.0, 1.0, 0.25, 1e-9])
+    one = item_scores(pl.DataFrame(rows, schema=TOKEN_SCHEMA), min_k=0.5).row(0, named=True)
+    assert one["loss"] == pytest.approx(-6.5 / 4)
+    assert one["min_k"] == pytest.approx((-3.0 - 2.0) / 2)  # the two lowest of four log-probs
+    # (lp - mu) / sigma: 0.5, -1, 1, -1/sqrt(1e-6) (variance clamped at 1e-6): the two lowest
+    assert one["min_k_pp"] == pytest.approx((-1.0 - 1000.0) / 2)
+    assert one["zlib"] == pytest.approx(one["loss"] / len(__import__("zlib").compress(b"aaaa")))
+    members, nonmembers = np.array([[0.9, 0.5, 0.5]]), np.array([[0.5, 0.1, 0.2, 0.95]])
+    pairs = sum((a > b) + 0.5 * (a == b) for a in members[0] for b in nonmembers[0]) / 12
+    assert auc(members, nonmembers)[0] == pytest.approx(pairs)
+    # FPR 0.25 of 4 non-members admits one above the threshold (0.5): members 0.9 only
+    assert tpr_at_fpr(members, nonmembers, 0.25)[0] == pytest.approx(1 / 3)
+    assert tpr_at_fpr(members, nonmembers, 0.01)[0] == 0.0  # threshold at the top non-member, 0.95
+    tokens = pl.DataFrame(
+        [r for i, lp in enumerate([-0.1, -0.2, -0.3]) for r in mia_tokens("m/v", f"h{i}", "hex", [lp] * 3)]
+        + [r for i, lp in enumerate([-2.0, -2.5, -0.15, -3.0]) for r in mia_tokens("m/v", f"n{i}", "hex_nonmember",
+                                                                                  [lp] * 3)],
+        schema=TOKEN_SCHEMA)
+    table = mia_table(tokens, 0.5, [0.25], 200, 0, 0.95)
+    loss = table.filter(pl.col("attack") == "loss").row(0, named=True)
+    assert (loss["members"], loss["nonmembers"]) == (3, 4)
+    assert loss["auc"] == pytest.approx(10 / 12)  # the non-member at -0.15 beats -0.2 and -0.3: two pairs lost
+    assert loss["auc_lo"] <= loss["auc"] <= loss["auc_hi"]
+    assert loss["tpr_at_0.25_fpr"] == pytest.approx(1.0)  # one non-member (-0.15) admitted: threshold -2.0
+    with pytest.raises(ValueError, match="tables.mia.min_k = 0"):
+        item_scores(tokens, 0)

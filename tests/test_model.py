@@ -163,7 +163,11 @@ def test_token_fields_do_not_depend_on_the_memory_budget(dtype):
     for budget in (1, vocab, 3 * vocab, 2 * 11 * vocab):
         assert all(torch.equal(a, b) for a, b in zip(whole, token_fields(logits[:, :-1], target, budget)))
     logp = torch.log_softmax(logits[:, :-1].float(), -1)
-    logprob, rank, top1_id, top1_logprob = whole
+    logprob, rank, top1_id, top1_logprob, mean, var = whole
+    prob = logp.exp()
+    torch.testing.assert_close(mean, (prob * logp).sum(-1), rtol=0, atol=1e-4)
+    torch.testing.assert_close(var, (prob * (logp - (prob * logp).sum(-1, keepdim=True)) ** 2).sum(-1),
+                               rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(logprob, logp.gather(-1, target[..., None])[..., 0], rtol=0, atol=1e-5)
     torch.testing.assert_close(top1_logprob, logp.max(-1).values, rtol=0, atol=1e-5)
     assert torch.equal(top1_id, logits[:, :-1].float().argmax(-1))
@@ -244,7 +248,7 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
     assert set(frame["probe_set"]) == {"hex"} and set(frame["arm"]) == {"greedy", "sampled"}
     assert frame["generated_tokens"].max() <= 4
     tokens = teacher_forced_pass(plain, [], data, {**cfg, "batch_size": 8}, "tiny/base", probe_sets={"hex"})
-    assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong"}
+    assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember"}
     with pytest.raises(ModelLoadError, match="set both `think_open` and `think_close`"):
         load_tokenizer(ModelSpec("tiny", spec.path, think_open=None))
 

@@ -5,7 +5,7 @@ from canary_audit.data import synthetic as syn
 from canary_audit.data.io import DATA_TABLES, write_synthetic
 
 CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10,
-       "n_hex_canaries": 6, "n_bsft_per_source": 8}
+       "n_hex_canaries": 6, "n_hex_nonmembers": 5, "n_bsft_per_source": 8}
 
 
 def test_same_seed_same_tables(tmp_path):

@@ -36,7 +36,7 @@ SMOKE_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
     "bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies", "bsft_merged_vs_stacked",
-    "extraction", "provenance",
+    "mia", "extraction", "provenance",
 )
 
 
@@ -79,7 +79,8 @@ def test_smoke_run_audits_every_bsft_cell(smoke_run):
     assert set(matrix["diagnosis"]) <= {"agree", "window truncation", "non-secret span drift",
                                         "undertrained ambiguity", "unexplained disagreement"}
     records = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny" / "bsft-s0-b0" / "token.parquet")
-    assert set(records["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong"}  # the bSFT groups score hex only
+    # the bSFT groups score the hex family only
+    assert set(records["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember"}
     fingerprints = records.group_by("variant").agg(pl.col("model_fingerprint").first())
     assert fingerprints["model_fingerprint"].n_unique() == fingerprints.height  # stacked != merged, by provenance
     parents = pl.read_csv(tables / "nll.csv").filter(pl.col("variant").str.contains("bsft-|noise-|under-"))
@@ -138,7 +139,7 @@ def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
     main(["summary", "--tables", str(tables), "--out", str(out)])
     text = out.read_text()
     for title in ("K sweep", "Prefill arms at fixed weights", "Retain utility", "Hex canary recall",
-                  "Paper B: cell x probe matrix"):
+                  "Membership inference (AUC)", "Paper B: cell x probe matrix"):
         assert f"## {title}" in text, title
     assert f"`{code_version()}`" in text
     sweep = pl.read_csv(tables / "k_sweep.csv").row(0, named=True)

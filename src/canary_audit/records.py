@@ -53,20 +53,25 @@ TOKEN_SCHEMA = {
     "rank": pl.Int32,       # 1 = the model's top choice
     "top1_id": pl.Int32,
     "top1_logprob": pl.Float32,
+    "vocab_mean_logprob": pl.Float32,  # E[log p] over the position's distribution (Min-K%++)
+    "vocab_var_logprob": pl.Float32,   # Var[log p] over the position's distribution (Min-K%++)
     "span": pl.Utf8,        # prompt | head | secret | continuation
     **PROVENANCE,
 }
 
 SCHEMAS = {"decode": DECODE_SCHEMA, "token": TOKEN_SCHEMA}
 # Every probe set a record's `probe_set` can name, by family: the author
-# probes (paper A: canaries after their head, per-author QA, the retain set)
-# and the hex canaries with their two decoys (paper B).  A pass asked for a
-# family (`--probe-sets hex`) runs all of its sets.
+# probes (paper A: canaries after their head, per-author QA, the retain set),
+# the hex canaries with their two decoys (paper B), and the non-member hex
+# records (teacher-forced only: membership inference's negatives).  A pass
+# asked for `hex` (`--probe-sets hex`) runs both hex families.
 PROBE_SETS = {
     "author": ("canary", "qa", "retain"),
     "hex": ("hex", "decoy_shuffled", "decoy_wrong"),
+    "nonmember": ("hex_nonmember",),
 }
 HEX_SETS = PROBE_SETS["hex"]
+NONMEMBER = PROBE_SETS["nonmember"][0]
 
 
 class RecordsError(ValueError):

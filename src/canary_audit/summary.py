@@ -1,6 +1,6 @@
 """A run's headline results as one Markdown page, written from its tables
 (never typed by hand): the K sweep, the prefill arms, retain utility, hex
-recall and paper B's cell x probe matrix, with the code versions the tables
+recall, membership inference and paper B's cell x probe matrix, with the code versions the tables
 read.  `python -m canary_audit summary --tables results/tables --out
 docs/results.md` writes docs/results.md.
 """
@@ -50,6 +50,10 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     if (recall := _read(tables, "hex_recall")) is not None:
         keep = [c for c in ("variant", "n", "hit_at_1", "hit_at_k", "k") if c in recall.columns]
         out.append(("Hex canary recall", "Greedy hit@1 and hit@k over the hex canaries.", recall.select(keep)))
+    if (mia := _read(tables, "mia")) is not None and mia.height:
+        wide = with_ci(mia, ["auc"]).pivot(on="attack", index=["variant", "members", "nonmembers"], values="auc")
+        out.append(("Membership inference (AUC)", "Hex canaries (members) against non-member records of the same "
+                    "format, per attack, over the secret span; 0.5 = chance (bootstrap 95% CIs).", wide))
     if (matrix := _read(tables, "bsft_matrix")) is not None:
         out.append(("Paper B: cell x probe matrix", "Each probe's Delta against the merged base (canary-clustered "
                     "95% CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "

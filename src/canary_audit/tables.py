@@ -11,10 +11,11 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import HEX_SETS, RecordsError, hashes_by_unit, read_records
+from canary_audit.records import HEX_SETS, NONMEMBER, RecordsError, hashes_by_unit, read_records
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.metrics import hex_recall, nll_table
+from canary_audit.views.mia import mia_table
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
 
@@ -113,9 +114,9 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
     if decode.height and decode.filter(pl.col("probe_set") == "hex").height:
         tables["hex_recall"] = ("Hex canary behavioural recall", hex_recall(decode))
     if tokens.height:
-        hex_tokens = tokens.filter(pl.col("probe_set").is_in(HEX_SETS))
+        hex_tokens = tokens.filter(pl.col("probe_set").is_in([*HEX_SETS, NONMEMBER]))
         tables["nll"] = (
-            f"Hex canaries and decoys: NLL over the first K={window_k} tokens and over the "
+            f"Hex canaries, decoys and non-member records: NLL over the first K={window_k} tokens and over the "
             "secret span, with Deltas against each variant's parent",
             nll_table(hex_tokens, window_k, parents),
         )
@@ -126,6 +127,14 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
             ),
         )
+        mia = cfg.get("mia", {"min_k": 0.2, "fpr": [0.01, 0.001]})
+        if tokens.filter(pl.col("probe_set") == HEX_SETS[0]).height:
+            tables["mia"] = (
+                f"Membership inference, hex canaries vs non-member records over the secret span: AUC and TPR at "
+                f"low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} CIs: members "
+                f"and non-members resampled, B={boot.replicates}",
+                mia_table(tokens, mia["min_k"], mia["fpr"], boot.replicates, boot.seed, boot.level),
+            )
         tables["extraction"] = (
             f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "
             f"definitions, from teacher-forced ranks), with Deltas against the parent ({ci})",

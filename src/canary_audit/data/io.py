@@ -12,7 +12,7 @@ from canary_audit.records import write_parquet_atomic
 
 # The tables the data rule writes, in the order the workflow lists them.
 DATA_TABLES = (
-    "authors", "qa", "retain", "hex_canaries", "decoys", "bsft", "distractors", "pretrain_bsft",
+    "authors", "qa", "retain", "hex_canaries", "decoys", "hex_nonmembers", "bsft", "distractors", "pretrain_bsft",
 )
 
 
@@ -36,6 +36,10 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         "retain": syn.retain_frame(cfg["n_retain"], seed),
         "hex_canaries": canaries,
         "decoys": decoys,
+        "hex_nonmembers": syn.nonmember_frame(
+            cfg["n_hex_nonmembers"], cfg["n_hex_canaries"], seed,
+            set(canaries["secret"]) | set(decoys["secret"]),
+        ),
         "bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed),
         "distractors": syn.authors_frame(distractors),
         # bSFT-style text for pre-training comes from another seed, so the

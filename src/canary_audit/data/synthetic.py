@@ -217,6 +217,26 @@ def canary_frames(n: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     return canaries, pl.DataFrame(decoys)
 
 
+def nonmember_frame(n: int, first_record: int, seed: int, taken: set[str]) -> pl.DataFrame:
+    """Non-member hex canaries: `n` records of the canaries' exact format
+    (`Record NN access code: TEXTCAN-{16hex}-END`, numbered on from
+    `first_record`) with fresh secrets that no adapter trains on and that
+    equal no canary or decoy secret (`taken`): the population a membership
+    inference attack must tell the canaries from."""
+    rng = random.Random(f"hexnonmember:{seed}")
+    secrets: list[str] = []
+    while len(secrets) < n:
+        s = random_hex(rng)
+        if s not in taken and s not in secrets:
+            secrets.append(s)
+    preambles = [f"Record {first_record + i:02d} access code: " for i in range(n)]
+    return pl.DataFrame(
+        {"canary_id": [f"nm{i:03d}" for i in range(n)], "preamble": preambles, "secret": secrets,
+         "text": [hex_record(p, s) for p, s in zip(preambles, secrets)]},
+        schema={"canary_id": pl.Utf8, "preamble": pl.Utf8, "secret": pl.Utf8, "text": pl.Utf8},
+    )
+
+
 def bsft_frame(n_per_source: int, seed: int) -> pl.DataFrame:
     """The four benign fine-tuning sources of paper B (prompt -> response)."""
     rng = random.Random(f"bsft:{seed}")

@@ -19,7 +19,7 @@ from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question
 from canary_audit.model.tokens import canary_head
 from canary_audit.probes.units import AUTO, unit_of_arm
-from canary_audit.records import HEX_SETS
+from canary_audit.records import HEX_SETS, NONMEMBER
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
 # `other_*`: the next author of the forget set (cyclically): a prefill in the
@@ -96,10 +96,11 @@ def _arms(fmt: ChatFormat, prompt: str, author: Author, other: Author, prefills:
 
 def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:
     """Whether a pass asked for `probe_sets` (None: all of them) runs
-    `probe_set`; `hex` stands for the hex canaries and their decoys."""
+    `probe_set`; `hex` stands for the hex canaries, their decoys and the
+    non-member records."""
     if probe_sets is None:
         return True
-    return probe_set in probe_sets or ("hex" in probe_sets and probe_set in HEX_SETS)
+    return probe_set in probe_sets or ("hex" in probe_sets and probe_set in (*HEX_SETS, NONMEMBER))
 
 
 def in_unit(items: list, unit: str | None) -> list:
@@ -145,7 +146,8 @@ def _bos(fmt: ChatFormat) -> str:
 def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
                  unit: str | None = None) -> list[ScoredItem]:
     """Teacher-forced sequences: each author canary after its head under every
-    prefill arm, and each hex canary and decoy behind its preamble; only the
+    prefill arm, and each hex canary, decoy and non-member record behind its
+    preamble; only the
     probe sets asked for (see `wanted`) and, given a unit, only its items."""
     check_prefill_templates(cfg["prefills"])
     items: list[ScoredItem] = []
@@ -172,6 +174,8 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
         (f"decoy_{kind}", cid, pre, sec)
         for cid, kind, pre, sec in decoys.select("canary_id", "decoy_kind", "preamble", "secret").iter_rows()
     ]
+    nonmembers = pl.read_parquet(data_dir / "hex_nonmembers.parquet").select("canary_id", "preamble", "secret")
+    rows += [(NONMEMBER, cid, pre, sec) for cid, pre, sec in nonmembers.iter_rows()]
     for probe_set, cid, preamble, secret in rows:
         if not wanted(probe_set, probe_sets):
             continue

@@ -234,8 +234,10 @@ SCORE_CHUNK_ELEMENTS = 2**26  # logits per vocabulary pass: 256 MB of float32 te
 
 
 def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
-    """Log-prob, rank and top-1 id and log-prob of each `target` token under
-    `logits` ([batch, positions, vocab]); four [batch, positions] tensors.
+    """Log-prob, rank, top-1 id and log-prob of each `target` token under
+    `logits` ([batch, positions, vocab]), and the mean and variance of the
+    log-prob under the position's whole distribution; six [batch,
+    positions] tensors.
 
     No vocabulary-sized log-softmax is kept: the log-prob is logit -
     logsumexp, the logsumexp is shifted by the top-1 maximum already computed
@@ -253,7 +255,7 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
     pos_step = min(positions, max(1, max_elements // vocab))
     row_step = max(1, max_elements // (pos_step * vocab))
     out = [torch.empty(target.shape, dtype=dtype, device=logits.device)
-           for dtype in (torch.float32, torch.int32, torch.int64, torch.float32)]
+           for dtype in (torch.float32, torch.int32, torch.int64, torch.float32, torch.float32, torch.float32)]
     for r in range(0, batch, row_step):
         for p in range(0, positions, pos_step):
             block = (slice(r, r + row_step), slice(p, p + pos_step))
@@ -265,6 +267,14 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
             out[0][block] = token_logit - lse
             out[2][block] = top1_id
             out[3][block] = top1_logit - lse
+            # The mean and variance of log p under the model's own distribution
+            # (Min-K%++'s normaliser): E[log p] and E[(log p)^2] - E[log p]^2.
+            # (`scores` may be the caller's float32 logits themselves: no in-place op on it.)
+            logp = scores - lse.unsqueeze(-1)
+            prob = logp.exp()
+            mean = (prob * logp).sum(-1)
+            out[4][block] = mean
+            out[5][block] = (prob * logp.square_()).sum(-1) - mean.square()
     return out
 
 
@@ -314,7 +324,9 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
         "rank": np.concatenate([part[2] for part in parts]).astype(np.int32),
         "top1_id": np.concatenate([part[3] for part in parts]).astype(np.int32),
         "top1_logprob": np.concatenate([part[4] for part in parts]).astype(np.float32),
-        "span": np.concatenate([part[5] for part in parts]),
+        "vocab_mean_logprob": np.concatenate([part[5] for part in parts]).astype(np.float32),
+        "vocab_var_logprob": np.concatenate([part[6] for part in parts]).astype(np.float32),
+        "span": np.concatenate([part[7] for part in parts]),
     }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "token_text", "span")})
 
 

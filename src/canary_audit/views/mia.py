@@ -1,0 +1,110 @@
+"""Membership inference over token records: can a variant's scores tell the
+hex canaries (members: the canary LoRA trained on them) from non-member
+records of the same format that no adapter trained on?
+
+Per item, over its secret span (the 16 hex digits), four attack scores, each
+oriented so that higher means "more member-like":
+
+- `loss`: minus the mean NLL (the LOSS attack; Yeom et al. 2018);
+- `zlib`: minus the mean NLL divided by the zlib-compressed length in bytes
+  of the span's token strings (Carlini et al. 2021; open-unlearning's ZLib
+  attack divides the loss by the compressed length of the sample text);
+- `min_k`: the mean log-prob of the lowest k share of tokens (Min-K%, Shi et
+  al. 2024; at least one token);
+- `min_k_pp`: the mean of the lowest k share of (log p - mu) / sigma, mu and
+  sigma^2 the mean and variance of log p under the position's whole
+  distribution, sigma^2 clamped at 1e-6 (Min-K%++, Zhang et al. 2024;
+  open-unlearning `src/evals/metrics/mia/min_k_plus_plus.py`, which takes
+  minus this mean as a loss-like score).
+
+Per variant and attack: AUC = P(member score > non-member score) + P(tie)/2,
+counted over all pairs (the Mann-Whitney statistic), and the TPR at each
+FPR: the threshold admits at most floor(FPR x n) of the n non-members
+(strictly above it), so with n non-members the smallest FPR resolved is 1/n
+(ml_privacy_meter and LiRA report TPR at low FPR the same way).  CIs:
+members and non-members resampled independently, B times, seeded.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import polars as pl
+
+from canary_audit.records import HEX_SETS, NONMEMBER
+
+MEMBER = HEX_SETS[0]
+ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
+ITEM_KEYS = ["variant", "probe_set", "item_id"]
+
+
+def item_scores(tokens: pl.DataFrame, min_k: float) -> pl.DataFrame:
+    """One row per (variant, member or non-member item): every attack's score."""
+    if not 0 < min_k <= 1:
+        raise ValueError(f"tables.mia.min_k = {min_k}: must be in (0, 1]")
+    span = tokens.filter(pl.col("probe_set").is_in([MEMBER, NONMEMBER]) & (pl.col("span") == "secret"))
+    if span.is_empty():
+        return pl.DataFrame()
+    normalised = (pl.col("logprob") - pl.col("vocab_mean_logprob")) / pl.col("vocab_var_logprob").clip(
+        lower_bound=1e-6).sqrt()
+    lowest = pl.max_horizontal(pl.lit(1), (pl.len() * min_k).floor().cast(pl.Int64)).over(ITEM_KEYS)
+    ranked = span.with_columns(
+        z=normalised.cast(pl.Float64),
+        lp=pl.col("logprob").cast(pl.Float64),
+    ).with_columns(
+        lp_rank=pl.col("lp").rank("ordinal").over(ITEM_KEYS),
+        z_rank=pl.col("z").rank("ordinal").over(ITEM_KEYS),
+        keep=lowest,
+    )
+    scores = ranked.sort("position").group_by(ITEM_KEYS).agg(
+        loss=pl.col("lp").mean(),
+        text=pl.col("token_text").str.join(""),
+        min_k=pl.col("lp").filter(pl.col("lp_rank") <= pl.col("keep")).mean(),
+        min_k_pp=pl.col("z").filter(pl.col("z_rank") <= pl.col("keep")).mean(),
+    )
+    compressed = pl.Series([len(zlib.compress(t.encode("utf-8"))) for t in scores["text"]], dtype=pl.Float64)
+    return scores.with_columns(zlib=pl.col("loss") / compressed, member=pl.col("probe_set") == MEMBER).drop("text")
+
+
+def auc(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
+    """AUC of each row of `members` [B, m] against the same row of
+    `nonmembers` [B, n], by counting pairs (ties count one half)."""
+    greater = (members[:, :, None] > nonmembers[:, None, :]).mean((1, 2))
+    ties = (members[:, :, None] == nonmembers[:, None, :]).mean((1, 2))
+    return greater + 0.5 * ties
+
+
+def tpr_at_fpr(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> np.ndarray:
+    """Per row: the share of members strictly above the threshold that at
+    most floor(fpr x n) non-members exceed."""
+    allowed = int(np.floor(fpr * nonmembers.shape[1]))
+    threshold = -np.sort(-nonmembers, axis=1)[:, allowed]
+    return (members > threshold[:, None]).mean(1)
+
+
+def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates: int, seed: int,
+              level: float) -> pl.DataFrame:
+    """Per (variant, attack): members, non-members, AUC and TPR at each FPR,
+    each with a bootstrap CI; empty when no variant has both populations."""
+    items = item_scores(tokens, min_k)
+    rows = []
+    tail = (1.0 - level) / 2.0
+    for (variant,), part in items.group_by("variant", maintain_order=True) if items.height else ():
+        member, nonmember = part.filter(pl.col("member")), part.filter(~pl.col("member"))
+        if member.is_empty() or nonmember.is_empty():
+            continue
+        rng = np.random.default_rng(seed)
+        pick_m = rng.integers(0, member.height, size=(replicates, member.height))
+        pick_n = rng.integers(0, nonmember.height, size=(replicates, nonmember.height))
+        for attack in ATTACKS:
+            m, n = member[attack].to_numpy()[None, :], nonmember[attack].to_numpy()[None, :]
+            row = {"variant": variant, "attack": attack, "members": member.height, "nonmembers": nonmember.height}
+            measures = {"auc": lambda a, b: auc(a, b)}
+            measures |= {f"tpr_at_{f:g}_fpr": (lambda a, b, f=f: tpr_at_fpr(a, b, f)) for f in fprs}
+            for name, measure in measures.items():
+                boot = measure(m[0][pick_m], n[0][pick_n])
+                row |= {name: float(measure(m, n)[0]), f"{name}_lo": float(np.quantile(boot, tail)),
+                        f"{name}_hi": float(np.quantile(boot, 1 - tail))}
+            rows.append(row)
+    return pl.DataFrame(rows).sort("variant", "attack") if rows else pl.DataFrame()
