@@ -160,7 +160,8 @@ def test_warm_start_is_not_a_rerun_trigger(smoke_run):
 @pytest.mark.parametrize("override", [{"tables": {"window_k": 7}},
                                       {"tables": {"parser": {"split": "last", "missing_close": "trace"}}},
                                       {"tables": {"verdicts": {"delta_nll": 0.05, "hit_rate": 0.2}}},
-                                      {"tables": {"bootstrap": {"replicates": 300}}}])
+                                      {"tables": {"bootstrap": {"replicates": 300}}},
+                                      {"tables": {"mia": {"min_k": 0.5, "fpr": [0.1]}}}])
 def test_view_setting_reruns_tables_only(smoke_run, override):
     jobs = planned_jobs(smoke_run, override)
     assert set(jobs) <= {"tables", "plots", "all"} and "tables" in jobs
