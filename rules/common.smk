@@ -8,7 +8,8 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from canary_audit.data.io import DATA_TABLES
-from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design, canonical
+from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design
+from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.plots import PLOTS

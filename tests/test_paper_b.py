@@ -180,6 +180,7 @@ def test_build_tables_writes_the_paper_b_tables():
     tables = build_tables(dec, tok, {"window_k": K, "parents": PARENTS, "cells": CELLS,
                                      "bootstrap": {"replicates": 20}})
     assert {"bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies"} <= set(tables)
+    assert "mia" not in tables  # no `mia` settings in this view config: left out, not filled with a default
     assert tables["bsft_matrix"][1]["diagnosis"].to_list() == ["window truncation"]
     assert tables["bsft_runs"][1]["bsft_seed"].to_list() == [0]
 

@@ -10,12 +10,11 @@ parsing names back; tests call it in-process.  Nothing here imports torch.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.units import AUTO
-from canary_audit.records import PROBE_SETS
+from canary_audit.records import PROBE_SETS, canonical_json
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
 TEMPLATES = ("bio", "meta", "none")
@@ -46,11 +45,6 @@ HEX, AUTHOR_SETS, ALL_SETS = "hex", " ".join(PROBE_SETS["author"]), "all"
 
 class ConfigError(ValueError):
     """A config that the schema accepts but that cannot be audited as given."""
-
-
-def canonical(value) -> str:
-    """Order-stable JSON: the same value always renders to the same string."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -182,7 +176,7 @@ class Design:
         seen: dict[tuple, str] = {}
         for run in runs.values():
             for template in run.templates:
-                same = (template, run.method, canonical(run.settings))
+                same = (template, run.method, canonical_json(run.settings))
                 if same in seen:
                     raise ConfigError(
                         f"config keys `unlearn.runs.{seen[same]}` and `unlearn.runs.{run.name}` train the same "

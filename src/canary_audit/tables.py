@@ -127,8 +127,11 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
             ),
         )
-        mia = cfg.get("mia", {"min_k": 0.2, "fpr": [0.01, 0.001]})
-        if tokens.filter(pl.col("probe_set") == HEX_SETS[0]).height:
+        mia = cfg.get("mia")
+        if mia is None:
+            log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia table is "
+                     "left out; the workflow's view_config.json has them")
+        elif tokens.filter(pl.col("probe_set") == HEX_SETS[0]).height:
             tables["mia"] = (
                 f"Membership inference, hex canaries vs non-member records over the secret span: AUC and TPR at "
                 f"low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} CIs: members "
@@ -137,7 +140,8 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             )
         tables["extraction"] = (
             f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "
-            f"definitions, from teacher-forced ranks), with Deltas against the parent ({ci})",
+            f"definitions, from teacher-forced ranks), with Deltas against the parent ({boot.level:.0%} CIs: "
+            f"bootstrap clustered by author or hex canary, B={boot.replicates})",
             extraction_table(tokens, parents, boot.replicates, boot.seed, boot.level),
         )
         cells = cfg.get("cells", {})
@@ -176,8 +180,9 @@ def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Boo
 
 
 def records_provenance(decode: list[Path], tokens: list[Path]) -> pl.DataFrame:
-    """Per records file: its kind, the code version(s) that wrote it and how
-    many records each wrote.  Tables built from more than one code version
+    """Per records file: its kind, the code version(s) that wrote it (and
+    their `sources`: the version without the commit) and how many records
+    each wrote.  Tables built from more than one code version
     mix records from before and after a change; the warning names the files
     of each version."""
     rows = [
@@ -190,11 +195,11 @@ def records_provenance(decode: list[Path], tokens: list[Path]) -> pl.DataFrame:
     frame = pl.DataFrame(rows, schema={"file": pl.Utf8, "kind": pl.Utf8, "code_version": pl.Utf8,
                                        "records": pl.Int64})
     # The source hash decides sameness; a commit that changed no source (docs) is no new code.
-    code = frame.with_columns(code=pl.col("code_version").str.replace(r"\.git\..*$", ""))
-    versions = code["code"].unique().sort().to_list()
+    frame = frame.with_columns(sources=pl.col("code_version").str.replace(r"\.git\..*$", ""))
+    versions = frame["sources"].unique().sort().to_list()
     if len(versions) > 1:
         listing = "; ".join(
-            f"{v}: {', '.join(code.filter(pl.col('code') == v)['file'].unique().sort())}" for v in versions
+            f"{v}: {', '.join(frame.filter(pl.col('sources') == v)['file'].unique().sort())}" for v in versions
         )
         log.warning("the tables mix records written by %d code versions (%s); re-run the stale probe passes "
                     "(`snakemake -R decode_pass teacher_forced_pass`) to tabulate one version", len(versions), listing)
@@ -209,7 +214,7 @@ def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dic
         cfg,
     )
     provenance = records_provenance(decode, tokens)
-    versions = provenance["code_version"].str.replace(r"\.git\..*$", "").n_unique()
+    versions = provenance["sources"].n_unique()
     tables["provenance"] = (
         f"Records read, per file and code version ({versions} code version{'s' if versions != 1 else ''}"
         f"{': MIXED, see the tables log' if versions > 1 else ''})", provenance,

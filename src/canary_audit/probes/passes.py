@@ -263,18 +263,24 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
             token_logit = scores.gather(-1, target[block].unsqueeze(-1)).squeeze(-1)
             top1_logit, top1_id = scores.max(-1)
             out[1][block] = (scores > token_logit.unsqueeze(-1)).sum(-1, dtype=torch.int32) + 1
-            lse = top1_logit + (scores - top1_logit.unsqueeze(-1)).exp_().sum(-1).log_()
+            # x = logits shifted by their maximum, e = exp(x): Z = sum e gives
+            # the logsumexp, and the same e weights the mean and variance of
+            # log p = x - log Z under the model's distribution (Min-K%++'s
+            # normaliser): E[log p] = E[x] - log Z, Var[log p] = Var[x].
+            # (`scores` may be the caller's float32 logits: nothing is done
+            # to it in place.)
+            x = scores - top1_logit.unsqueeze(-1)
+            e = x.exp()
+            z = e.sum(-1)
+            log_z = z.log()
+            lse = top1_logit + log_z
             out[0][block] = token_logit - lse
             out[2][block] = top1_id
             out[3][block] = top1_logit - lse
-            # The mean and variance of log p under the model's own distribution
-            # (Min-K%++'s normaliser): E[log p] and E[(log p)^2] - E[log p]^2.
-            # (`scores` may be the caller's float32 logits themselves: no in-place op on it.)
-            logp = scores - lse.unsqueeze(-1)
-            prob = logp.exp()
-            mean = (prob * logp).sum(-1)
-            out[4][block] = mean
-            out[5][block] = (prob * logp.square_()).sum(-1) - mean.square()
+            weighted = e.mul_(x)
+            mean_x = weighted.sum(-1) / z
+            out[4][block] = mean_x - log_z
+            out[5][block] = weighted.mul_(x).sum(-1) / z - mean_x.square()
     return out
 
 
