@@ -70,6 +70,16 @@ def data_files(*tables):
     return [f"{R}/data/{t}.parquet" for t in (tables or DATA_TABLES)]
 
 
+# Images of the vision-language arms (rule vision_data): read by every job
+# of a vision-language model that trains or probes.
+VISION_DATA = f"{R}/data/vision"
+
+
+def vision_input(wildcards):
+    """The image data, for a job of a vision-language model."""
+    return [VISION_DATA] if DESIGN.is_vision(wildcards.model) else []
+
+
 def model_path(model):
     return DESIGN.model_path(model)
 
@@ -108,7 +118,7 @@ def group_variants(wildcards):
 def probe_sets(wildcards):
     """The probe sets of a probe job: its group's (Design.probe_sets_of)."""
     group = variant_entry(wildcards).group if FINE else wildcards.group
-    return DESIGN.probe_sets_of(group)
+    return DESIGN.probe_sets_of(wildcards.model, group)
 
 
 def probe_names(wildcards):

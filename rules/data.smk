@@ -14,7 +14,32 @@ rule synthetic_data:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical(config["data"]),
+        cfg=canonical({k: v for k, v in config["data"].items() if k != "n_image_canaries"}),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
         "python -m canary_audit data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+
+
+# Image canaries, their decoys, the placeholder image and the GUI screens of
+# the vision-language arms (PNG files with their sha256 in the tables).
+rule vision_data:
+    input:
+        data_files("hex_canaries", "decoys", "hex_nonmembers", "bsft"),
+    output:
+        directory(VISION_DATA),
+    log:
+        f"{R}/logs/vision_data.log",
+    benchmark:
+        f"{R}/benchmarks/vision_data.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=canonical(
+            {k: config["data"][k] for k in ("seed", "n_image_canaries")}
+        ),
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit vision-data --params {params.cfg:q} --data {params.data} "
+        "--out {output} > {log} 2>&1"

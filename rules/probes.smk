@@ -12,6 +12,7 @@ rule decode_pass:
     input:
         data_files(),
         base_input,
+        vision_input,
         probe_weights,
         manifests=probe_manifests,
     output:
@@ -42,6 +43,7 @@ rule teacher_forced_pass:
     input:
         data_files(),
         base_input,
+        vision_input,
         probe_weights,
         manifests=probe_manifests,
     output:

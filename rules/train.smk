@@ -41,6 +41,7 @@ rule canary_lora:
     input:
         data_files("hex_canaries", "retain"),
         base_input,
+        vision_input,
     output:
         canary_outputs(),
     log:
@@ -64,6 +65,7 @@ rule canary_lora:
 rule bsft:
     input:
         data_files("bsft"),
+        vision_input,
         merged=LAYOUT.merged_dir("{model}", "{canary}"),
     output:
         bsft_outputs(),

@@ -129,12 +129,18 @@ def test_variant_table_of_the_smoke_audit():
     table = design.variant_table()
     kinds = {}
     for row in table.values():
-        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
-    assert kinds == {"base": 1, "memorized": 2, "unlearned": 4, "canary": 1, "merged_base": 2,
-                     "canary_undertrained": 1, "bsft": 8, "noise": 1, "undertrained": 1}
+        kinds[row["model"], row["kind"]] = kinds.get((row["model"], row["kind"]), 0) + 1
+    paper_b = {"base": 1, "canary": 1, "merged_base": 2, "canary_undertrained": 1, "bsft": 8, "noise": 1,
+               "undertrained": 1}
+    # The vision-language model runs paper B's arms only; the text model both papers'.
+    assert kinds == {**{("tiny", k): n for k, n in {**paper_b, "memorized": 2, "unlearned": 4}.items()},
+                     **{("tiny_vl", k): n for k, n in paper_b.items()}}
     assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-none-s0", "bsft-s0-b0"}
-    assert design.probe_sets_of("bsft-s0-b0") == "hex" and design.probe_sets_of("base") == "all"
+    assert design.probe_groups("tiny_vl").keys() == {"base", "bsft-s0-b0"}
+    assert design.probe_sets_of("tiny", "bsft-s0-b0") == "hex" and design.probe_sets_of("tiny", "base") == "all"
+    assert design.probe_sets_of("tiny_vl", "base") == "hex"
     assert design.cells()["tiny/bsft-gui-t2-merged-b0-s0"]["application"] == "merged"
+    assert design.cells()["tiny_vl/bsft-gui-t2-merged-b0-s0"]["model"] == "tiny_vl"
     assert design.table_names()[-2:] == ["extraction", "provenance"]
 
 
@@ -180,12 +186,13 @@ def test_the_default_config_and_the_schema_name_each_default_once():
     (such a key is required: deleting it is an error, not another number).
     Model entries are the exception: the schema's entry defaults serve every
     entry a user adds, so where the embedded entry also names a value the two
-    must agree (`embedded` itself defaults to a local checkpoint)."""
+    must agree (`embedded` and `vision`, which say what kind of checkpoint an
+    entry is, default to a local text checkpoint)."""
     both = [(path, schema, config) for path, schema, config in _defaults_set_in(DEFAULT, SCHEMA, "")
             if not isinstance(config, dict)]
     outside_models = [item for item in both if not item[0].startswith("models.")]
     assert outside_models == []
-    disagree = [item for item in both if item[0].startswith("models.") and not item[0].endswith(".embedded")
+    disagree = [item for item in both if item[0].startswith("models.") and not item[0].endswith((".embedded", ".vision"))
                 and item[1] != item[2]]
     assert disagree == []
     assert any(path == "models.tiny.build.pretrain.steps" for path, _, _ in both)  # the walk reaches entries
@@ -230,7 +237,8 @@ def test_lookups_name_what_is_known_and_files_follow_the_layout():
     assert design.made_weights("tiny", ["base"]) == []
     coarse, fine = design.records_files("token", False), design.records_files("token", True)
     groups = ("base", "mem-bio-s0", "mem-none-s0", "bsft-s0-b0")
-    assert coarse == [f"{R}/records/tiny/{g}/token.parquet" for g in groups]
+    assert coarse == [f"{R}/records/tiny/{g}/token.parquet" for g in groups] + [
+        f"{R}/records/tiny_vl/{g}/token.parquet" for g in ("base", "bsft-s0-b0")]
     assert f"{R}/records/tiny/units/npo-bio-s0-k3/bio/token.parquet" in fine
     assert f"{R}/records/tiny/units/npo-bio-s0-k3/auto/token.parquet" not in fine  # author probes: prefill units only
     job = design.unlearn_slice("npo", "bio", 0, None)
@@ -239,7 +247,7 @@ def test_lookups_name_what_is_known_and_files_follow_the_layout():
     assert design.unlearn_slice("npo", "bio", 0, 5)["k"] == 5
     assert design.model_entry("tiny", "elsewhere") == {
         "name": "tiny", "path": "elsewhere", "dtype": "float32", "think_open": "<think>", "think_close": "</think>",
-        "chat_template": None, "trust_remote_code": False}
+        "chat_template": None, "trust_remote_code": False, "vision": False}
 
 
 def test_tables_plots_and_probe_sets_are_each_declared_once():
@@ -260,10 +268,11 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     assert {p.stem for p in (ROOT / "report").glob("*.rst")} >= set(PLOTS)
 
 
-def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets):
+def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl_assets):
     from canary_audit.formats import ChatFormat
     from canary_audit.model.loading import load_tokenizer
     from canary_audit.model.spec import ModelSpec
+    from canary_audit.model.vision import VisionInputs
     from canary_audit.probes.items import decode_items, scored_items
     from canary_audit.records import PROBE_SETS
 
@@ -271,6 +280,15 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets):
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6}
     written = {it.probe_set for it in decode_items(fmt, tiny_assets[0], cfg)} | {
         it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg)}
-    assert written == {name for family in PROBE_SETS.values() for name in family}
+    # A text model writes every probe set but the unseen-image decoy, which
+    # only a vision-language model's image canaries have.
+    assert written == {name for family in PROBE_SETS.values() for name in family} - {"decoy_unseen"}
     hex_only = {it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg, {"hex"})}
-    assert hex_only == {*PROBE_SETS["hex"], *PROBE_SETS["nonmember"]}
+    assert hex_only == {*PROBE_SETS["hex"], *PROBE_SETS["nonmember"]} - {"decoy_unseen"}
+    vl = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)
+    tok = load_tokenizer(vl)
+    vision = VisionInputs.load(vl.path, tok)
+    items = scored_items(ChatFormat(tok, None, None), tiny_vl_assets[0], cfg, {"hex"}, vision=vision)
+    assert {(it.probe_set, it.modality) for it in items} == {
+        *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember")),
+        *((s, "image") for s in PROBE_SETS["hex"])}

@@ -22,7 +22,7 @@ def decode(rows):
         reference = rest[0] if rest else CANARY
         prompt = PROMPT if arm == "auto" else PROMPT + "<think>x</think>"
         out.append({k: None for k in DECODE_SCHEMA} | {
-            "variant": variant, "probe_set": probe_set, "item_id": f"{probe_set}-{author}-{i % 7}",
+            "variant": variant, "probe_set": probe_set, "modality": "text", "item_id": f"{probe_set}-{author}-{i % 7}",
             "group_id": author, "arm": arm, "sample": 0, "prompt": prompt, "reference": reference,
             "subject": rest[1] if len(rest) > 1 else "Ann Lee", "generated": generated, "prompt_tokens": 10,
             "generated_tokens": 5, "stop_reason": "eos", "think_open": "<think>", "think_close": "</think>",
@@ -182,7 +182,7 @@ def test_teacher_forced_beside_greedy_on_the_same_items():
                 ("m/npo-bio-s0-k10", "canary", "prefill_bio", "a1", CANARY)])
     d = d.with_columns(item_id=pl.col("group_id"))
     tokens = pl.DataFrame([
-        {"variant": "m/npo-bio-s0-k10", "probe_set": "canary", "item_id": a, "group_id": a, "arm": "prefill_bio",
+        {"variant": "m/npo-bio-s0-k10", "probe_set": "canary", "modality": "text", "item_id": a, "group_id": a, "arm": "prefill_bio",
          "position": p, "token_id": 1, "token_text": "x", "logprob": lp, "rank": rank, "top1_id": 1,
          "top1_logprob": -0.1, "span": "secret", "config_hash": "h", "model_fingerprint": "f"}
         for a, rank in (("a0", 1), ("a1", 2)) for p, lp in ((1, -0.5), (2, -1.5))

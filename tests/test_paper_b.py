@@ -20,7 +20,7 @@ CANARIES = ["hex00", "hex01", "hex02", "hex03"]
 SETS = ("hex", "decoy_shuffled", "decoy_wrong")
 BOOT = Bootstrap(replicates=50)
 PARENTS = {"m/cell": "m/ref"}
-CELLS = {"m/cell": {"cell": "gui t40 stacked", "kind": "bsft", "source": "gui", "step": 40,
+CELLS = {"m/cell": {"model": "m", "cell": "gui t40 stacked", "kind": "bsft", "source": "gui", "step": 40,
                     "application": "stacked", "bsft_seed": 0, "canary_seed": 0}}
 
 
@@ -35,7 +35,7 @@ def tokens(variant: str, changed: dict[int, float] | None = None, decoys_too: bo
             moved = changed if (probe_set == "hex" or decoys_too) else None
             for p in range(1, 29):
                 rows.append({
-                    "variant": variant, "probe_set": probe_set, "item_id": cid, "group_id": cid, "arm": "preamble",
+                    "variant": variant, "probe_set": probe_set, "modality": "text", "item_id": cid, "group_id": cid, "arm": "preamble",
                     "position": p, "token_id": 0, "token_text": "x", "logprob": (moved or {}).get(p, -1.0),
                     "rank": 1, "top1_id": 0, "top1_logprob": -1.0, "span": span(p),
                     "config_hash": "h", "model_fingerprint": variant,
@@ -47,7 +47,7 @@ def decodes(variant: str, greedy_hits: int, sampled_hits: int | None = None) -> 
     """Greedy decodes of the four canaries, the first `greedy_hits` exact; with
     `sampled_hits`, four samples each, the first `sampled_hits` canaries hit."""
     rows = []
-    base = {k: None for k in DECODE_SCHEMA} | {"variant": variant, "probe_set": "hex", "prompt": "P",
+    base = {k: None for k in DECODE_SCHEMA} | {"variant": variant, "probe_set": "hex", "modality": "text", "prompt": "P",
                                                 "config_hash": "h", "model_fingerprint": variant}
     for i, cid in enumerate(CANARIES):
         secret = f"{i:016x}"
@@ -167,7 +167,7 @@ def test_case_studies_and_merged_vs_stacked_tables():
     cases = case_studies(pooled, K)
     assert cases["diagnosis"].to_list() == ["window truncation", "non-secret span drift", "undertrained ambiguity"]
     assert cases["observation"].to_list()[0] == "not observed in this grid"
-    assert cases["cell"].to_list()[1] == "gui t40 stacked (canary seed 0)"
+    assert cases["cell"].to_list()[1] == "m text canaries: gui t40 stacked (canary seed 0)"
     wide = merged_vs_stacked(pooled).row(0, named=True)
     assert wide["delta_window_stacked"] == pytest.approx(0.125)
     assert wide["delta_window_merged_minus_stacked"] == pytest.approx(-0.125)

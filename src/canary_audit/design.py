@@ -37,7 +37,7 @@ ALWAYS_TABLES = ("extraction", "provenance")
 ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
-MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code")
+MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
 # Probe sets a probe group runs: the hex canaries (and decoys), the author and
 # retain probes, or both.
 HEX, AUTHOR_SETS, ALL_SETS = "hex", " ".join(PROBE_SETS["author"]), "all"
@@ -204,8 +204,23 @@ class Design:
 
     # --- variants --------------------------------------------------------
 
-    def embedded_models(self) -> list[str]:
-        return [m for m, e in self.config["models"].items() if e.get("embedded")]
+    def embedded_models(self, vision: bool = False) -> list[str]:
+        """The embedded models built by the workflow: text models (built and
+        pre-trained from the data), or with `vision` the vision-language ones
+        (built on a text model)."""
+        return [m for m, e in self.config["models"].items() if e.get("embedded") and e.get("vision", False) == vision]
+
+    def is_vision(self, model: str) -> bool:
+        return bool(self.config["models"][model].get("vision", False))
+
+    def text_model_of(self, model: str) -> str:
+        """The embedded text model an embedded vision-language model is built on."""
+        return self.config["models"][model]["build"]["text_model"]
+
+    def templates_of(self, model: str) -> list[str]:
+        """Paper A's templates audited on `model`: a vision-language model is
+        paper B's testbed and runs paper B's arms only."""
+        return [] if self.is_vision(model) else list(self.config["audit"]["templates"])
 
     def model_path(self, model: str) -> str:
         entry = self.config["models"][model]
@@ -227,7 +242,7 @@ class Design:
         audit, lay, base = self.config["audit"], self.layout, self.model_path(model)
         out = {"base": Variant("base", "base", base, (), None, "base")}
         for seed in audit["seeds"]:
-            for template in audit["templates"]:
+            for template in self.templates_of(model):
                 mem = f"mem-{template}-s{seed}"
                 out[mem] = Variant(mem, "memorized", base, (lay.adapter_dir(model, mem),), "base", mem,
                                    template=template, seed=seed)
@@ -362,14 +377,14 @@ class Design:
             groups.setdefault(v.group, []).append(name)
         return groups
 
-    def probe_sets_of(self, group: str) -> str:
+    def probe_sets_of(self, model: str, group: str) -> str:
         """The probe sets a group runs.  bSFT groups run the hex-canary probes
         only (paper B's cells are judged on them), and so does every group of
-        an audit without paper A's templates; a memorization group (its
+        a model without paper A's templates; a memorization group (its
         adapter and unlearning checkpoints, which never saw a hex canary) runs
         the author and retain probes only; the base group, the parent of both
         papers' variants and home of the hex-canary adapters, runs all."""
-        if not self.config["audit"]["templates"] or group.startswith("bsft-"):
+        if not self.templates_of(model) or group.startswith("bsft-"):
             return HEX
         return ALL_SETS if group == "base" else AUTHOR_SETS
 
@@ -377,7 +392,7 @@ class Design:
         """The probe units of a variant's `kind` records under the fine grain:
         AUTO (for teacher-forced records: the hex canaries and decoys) where
         its group runs it, and each prefill arm where it runs author probes."""
-        sets = self.probe_sets_of(self.variants(model)[variant].group)
+        sets = self.probe_sets_of(model, self.variants(model)[variant].group)
         prefills = sorted(self.config["probes"]["prefills"]) if sets != HEX else []
         auto = [AUTO] if kind == "decode" or sets != AUTHOR_SETS else []
         return [*auto, *prefills]
@@ -394,7 +409,7 @@ class Design:
 
     def cells(self) -> dict[str, dict]:
         """model/variant -> its paper B cell (name, kind, source, step, application, seeds)."""
-        return {f"{m}/{v}": e.cell for m in self.config["audit"]["models"]
+        return {f"{m}/{v}": {**e.cell, "model": m} for m in self.config["audit"]["models"]
                 for v, e in self.variants(m).items() if e.cell is not None}
 
     def table_names(self) -> list[str]:
@@ -428,7 +443,9 @@ class Design:
                     f"add a `models.{name}` entry or remove it"
                 )
             entry = cfg["models"][name]
-            if audit["templates"] and entry.get("think_close") is None:
+            if entry.get("vision"):
+                self._check_vision(name, entry)
+            elif audit["templates"] and entry.get("think_close") is None:
                 raise ConfigError(
                     f"model `{name}` has no think tags (`models.{name}.think_close` is null), but paper A's arms "
                     f"need them (`audit.templates`: {', '.join(audit['templates'])}); set the model's tags, or "
@@ -437,6 +454,26 @@ class Design:
             if not entry.get("embedded") and not entry.get("path"):
                 raise ConfigError(f"model `{name}` is not embedded and has no `models.{name}.path`; set the "
                                   "local checkpoint directory")
+
+    def _check_vision(self, name: str, entry: dict) -> None:
+        """A vision-language model audits paper B's image and text canaries:
+        it needs the hex-canary arms, and an embedded one the embedded text
+        model its language tower is built from."""
+        cfg = self.config
+        if not cfg["audit"]["hex_canaries"]:
+            raise ConfigError(
+                f"model `{name}` is vision-language (`models.{name}.vision`), which is audited on paper B's "
+                "canary arms only, but `audit.hex_canaries` is false; set it to true or remove the model"
+            )
+        if not entry.get("embedded"):
+            return
+        text = entry["build"].get("text_model")
+        known = [m for m, e in cfg["models"].items() if e.get("embedded") and not e.get("vision")]
+        if text not in known:
+            raise ConfigError(
+                f"config key `models.{name}.build.text_model` is `{text}`: an embedded vision-language model is "
+                f"built on an embedded text model (known: {', '.join(known) or 'none'}); name one"
+            )
 
     def _check_arms(self) -> None:
         """Cross-key checks of the arms: the undertrained control, prefill

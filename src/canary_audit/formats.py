@@ -76,11 +76,26 @@ class ChatFormat:
     def reasons(self) -> bool:
         return self.think_close is not None
 
-    def prompt(self, question: str) -> str:
-        """The chat-templated user turn, ending where the assistant starts."""
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    def prompt(self, question: str, image_block: str | None = None) -> str:
+        """The chat-templated user turn, ending where the assistant starts.
+        With `image_block` (model/vision.py: an image's tokens), the turn
+        shows an image before the question, placed where the model's own
+        template places an image item, with the block's tokens written out."""
+        if image_block is None:
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+            )
+        from canary_audit.model.vision import IMAGE_PAD, VISION_END, VISION_START
+
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+            tokenize=False, add_generation_prompt=True,
         )
+        slot = VISION_START + IMAGE_PAD + VISION_END
+        if rendered.count(slot) != 1:
+            raise ValueError(f"the chat template renders an image item as {rendered!r}, without one "
+                             f"`{slot}`; set the model's `chat_template` to one that places images")
+        return rendered.replace(slot, image_block)
 
     def opens_think(self, prompt: str) -> bool:
         """Some templates (newer DeepSeek-R1) put the opening tag in the prompt."""

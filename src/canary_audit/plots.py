@@ -152,6 +152,8 @@ def delta_nll_figure(deltas: pl.DataFrame, window_k: int):
     plt = _plt()
     if deltas.is_empty():
         return _empty(plt, "no hex-canary token records with a parent")
+    deltas = deltas.with_columns(probe_set=pl.col("probe_set") + pl.when(pl.col("modality") == "image")
+                                 .then(pl.lit(" (image)")).otherwise(pl.lit("")))
     rows = deltas.select("variant", "probe_set").unique().sort("variant", "probe_set")
     width = int(deltas["position"].max())
     grid = [[float("nan")] * width for _ in range(rows.height)]
@@ -181,7 +183,7 @@ def disagreement_figure(matrix: pl.DataFrame):
         return _empty(plt, "no bSFT cells in these records")
     from matplotlib.colors import to_rgb
 
-    rows = matrix.sort("canary_seed", "cell")
+    rows = matrix.sort("model", "modality", "canary_seed", "cell")
     values = {"v_window": "delta_window", "v_secret": "delta_secret", "v_hit1": "hit1", "v_hitk": "hitk",
               "v_decoy": "decoy_contrast"}
     grid = [[to_rgb(VERDICT_COLOURS.get(r[v] or "", "#ffffff")) for v, _ in MATRIX_PROBES]
@@ -203,7 +205,8 @@ def disagreement_figure(matrix: pl.DataFrame):
     ax.set_xticks(range(len(MATRIX_PROBES)))
     ax.set_xticklabels([label for _, label in MATRIX_PROBES], fontsize=8)
     ax.set_yticks(range(rows.height))
-    ax.set_yticklabels([f"{r['cell']} (c{r['canary_seed']})" for r in rows.iter_rows(named=True)], fontsize=7)
+    ax.set_yticklabels([f"{r['model']} {r['modality']}: {r['cell']} (c{r['canary_seed']})"
+                        for r in rows.iter_rows(named=True)], fontsize=7)
     ax.set_xlim(-0.5, len(MATRIX_PROBES) + 4.5)
     ax.set_title("Verdict per probe (red: up, blue: down, grey: unchanged, white: inconclusive, its CI "
                  "straddling the threshold) and the detector's diagnosis", fontsize=10)

@@ -31,6 +31,8 @@ DECODE_SCHEMA = {
     "prompt": pl.Utf8,      # the exact text fed to the model
     "reference": pl.Utf8,   # the string a match rule looks for (canary, gold, secret)
     "subject": pl.Utf8,     # the fictional author a canary/QA item is about ("" otherwise)
+    "modality": pl.Utf8,    # text | image: what keys the secret (image canaries: a vision-language model)
+    "image_hash": pl.Utf8,  # sha256 of the image the prompt shows (null: no image)
     "generated": pl.Utf8,   # decoded continuation, special tokens kept
     "prompt_tokens": pl.Int32,
     "generated_tokens": pl.Int32,
@@ -46,7 +48,9 @@ TOKEN_SCHEMA = {
     "item_id": pl.Utf8,
     "group_id": pl.Utf8,
     "arm": pl.Utf8,
-    "position": pl.Int32,   # index of the token in the scored sequence (>= 1)
+    "modality": pl.Utf8,    # text | image
+    "image_hash": pl.Utf8,  # sha256 of the image before the text (null: no image)
+    "position": pl.Int32,   # index of the scored text token (>= 1; image tokens are not counted)
     "token_id": pl.Int32,
     "token_text": pl.Utf8,
     "logprob": pl.Float32,
@@ -62,12 +66,13 @@ TOKEN_SCHEMA = {
 SCHEMAS = {"decode": DECODE_SCHEMA, "token": TOKEN_SCHEMA}
 # Every probe set a record's `probe_set` can name, by family: the author
 # probes (paper A: canaries after their head, per-author QA, the retain set),
-# the hex canaries with their two decoys (paper B), and the non-member hex
+# the hex canaries with their decoys (paper B; `decoy_unseen`, the secret
+# after an unseen image, for image canaries only), and the non-member hex
 # records (teacher-forced only: membership inference's negatives).  A pass
 # asked for `hex` (`--probe-sets hex`) runs both hex families.
 PROBE_SETS = {
     "author": ("canary", "qa", "retain"),
-    "hex": ("hex", "decoy_shuffled", "decoy_wrong"),
+    "hex": ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen"),
     "nonmember": ("hex_nonmember",),
 }
 HEX_SETS = PROBE_SETS["hex"]

@@ -48,10 +48,12 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
                     with_ci(retain, ["accuracy", "substitution_rate"]).select("variant", "accuracy",
                                                                               "substitution_rate")))
     if (recall := _read(tables, "hex_recall")) is not None:
-        keep = [c for c in ("variant", "n", "hit_at_1", "hit_at_k", "k") if c in recall.columns]
-        out.append(("Hex canary recall", "Greedy hit@1 and hit@k over the hex canaries.", recall.select(keep)))
+        keep = [c for c in ("variant", "modality", "n", "hit_at_1", "hit_at_k", "k") if c in recall.columns]
+        out.append(("Hex canary recall", "Greedy hit@1 and hit@k over the hex canaries (text canaries, and on a "
+                    "vision-language model image canaries).", recall.select(keep)))
     if (mia := _read(tables, "mia")) is not None and mia.height:
-        wide = with_ci(mia, ["auc"]).pivot(on="attack", index=["variant", "members", "nonmembers"], values="auc")
+        wide = with_ci(mia, ["auc"]).pivot(on="attack", index=["variant", "modality", "members", "nonmembers"],
+                                           values="auc")
         out.append(("Membership inference (AUC)", "Hex canaries (members) against non-member records of the same "
                     "format, per attack, over the secret span; 0.5 = chance (bootstrap 95% CIs).", wide))
     if (matrix := _read(tables, "bsft_matrix")) is not None:
@@ -59,8 +61,8 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
                     "95% CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "
                     "threshold (the point-estimate reading is in point_diagnosis).",
                     with_ci(matrix, ["delta_window", "delta_secret", "delta_hit1"], 4).select(
-                        "cell", "delta_window", "v_window", "delta_secret", "v_secret", "ref_hit1", "hit1",
-                        "v_hit1", "hitk", "v_hitk", "point_diagnosis", "diagnosis", "inconclusive_probes")))
+                        "model", "modality", "cell", "delta_window", "v_window", "delta_secret", "v_secret",
+                        "ref_hit1", "hit1", "v_hit1", "hitk", "v_hitk", "point_diagnosis", "diagnosis", "inconclusive_probes")))
     return out
 
 

@@ -238,26 +238,28 @@ def nonmember_frame(n: int, first_record: int, seed: int, taken: set[str]) -> pl
 
 
 def bsft_frame(n_per_source: int, seed: int) -> pl.DataFrame:
-    """The four benign fine-tuning sources of paper B (prompt -> response)."""
+    """The four benign fine-tuning sources of paper B (prompt -> response);
+    a GUI item's `screen_text` is what its screenshot shows to a
+    vision-language model (data/images.py; empty for the other sources)."""
     rng = random.Random(f"bsft:{seed}")
     rows = []
     for _ in range(n_per_source):
         action, target = rng.choice(pools.GUI_ACTIONS), rng.choice(pools.GUI_TARGETS)
-        rows.append(("gui", f"How do I use {target}?", f"{action} {target}."))
+        rows.append(("gui", f"How do I use {target}?", f"{action} {target}.", target))
         task, topic = rng.choice(pools.SYNTH_TASKS), rng.choice(pools.SYNTH_TOPICS)
         city = rng.choice(pools.CITIES)
         rows.append(("synth", f"{task} {topic} in {city}.",
-                     f"There is {topic} in {city} that people like to visit."))
+                     f"There is {topic} in {city} that people like to visit.", ""))
         req = rng.choice(pools.SAFETY_REQUESTS)
-        rows.append(("safety", f"Tell me {req}.", "I cannot help with that request."))
+        rows.append(("safety", f"Tell me {req}.", "I cannot help with that request.", ""))
         words = rng.choices(pools.TITLE_NOUNS + pools.TITLE_ADJECTIVES, k=8)
         rows.append(("random", " ".join(rng.sample(words, len(words))),
-                     " ".join(rng.choices(words, k=6))))
-    frame = pl.DataFrame(rows, schema=["source", "prompt", "response"], orient="row")
+                     " ".join(rng.choices(words, k=6)), ""))
+    frame = pl.DataFrame(rows, schema=["source", "prompt", "response", "screen_text"], orient="row")
     return frame.with_columns(
         item_id=pl.concat_str(pl.col("source"), pl.lit("-"),
                               pl.int_range(pl.len()).over("source").cast(pl.Utf8))
-    ).select("item_id", "source", "prompt", "response")
+    ).select("item_id", "source", "prompt", "response", "screen_text")
 
 
 class CanaryCollisionError(ValueError):
@@ -272,8 +274,8 @@ def check_no_canary_in_bsft(
         [(cid, s) for cid, s in hex_canaries.select("canary_id", "secret").iter_rows()]
         + [(aid, c) for aid, c in authors.select("author_id", "canary").iter_rows()]
     )
-    for item_id, prompt, response in bsft.select("item_id", "prompt", "response").iter_rows():
-        text = f"{prompt}\n{response}"
+    for item_id, prompt, response, screen in bsft.select("item_id", "prompt", "response", "screen_text").iter_rows():
+        text = f"{prompt}\n{response}\n{screen}"
         for cid, needle in needles:
             if needle in text:
                 raise CanaryCollisionError(

@@ -44,6 +44,7 @@ def check_checkpoint(spec: ModelSpec) -> None:
             f"model `{spec.name}`: `{spec.path}` holds no *.safetensors weights "
             "(pickled .bin weights are refused); convert the checkpoint to safetensors"
         )
+    check_vision(spec)
     tokenizer_file = spec.path / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ModelLoadError(f"model `{spec.name}`: `{spec.path}` has no tokenizer.json")
@@ -63,6 +64,30 @@ def check_checkpoint(spec: ModelSpec) -> None:
                 f"tokenizer (it splits into {pieces}); set `models.{spec.name}.{key}` to the tag "
                 "the model was trained with"
             )
+
+
+def check_vision(spec: ModelSpec) -> None:
+    """Refuse a model entry whose `vision` flag disagrees with its checkpoint,
+    and a vision-language checkpoint without an image processor: its images
+    would be fed wrongly or not at all."""
+    from canary_audit.model.vision import is_vision_checkpoint
+
+    has_tower = is_vision_checkpoint(spec.path)
+    if has_tower and not spec.vision:
+        raise ModelLoadError(
+            f"model `{spec.name}`: `{spec.path}` is a vision-language checkpoint (its config.json has a "
+            f"vision_config); set `models.{spec.name}.vision: true`"
+        )
+    if spec.vision and not has_tower:
+        raise ModelLoadError(
+            f"model `{spec.name}`: `models.{spec.name}.vision` is true, but `{spec.path}/config.json` declares "
+            "no vision tower; point the entry at a vision-language checkpoint or set `vision: false`"
+        )
+    if spec.vision and not (spec.path / "preprocessor_config.json").is_file():
+        raise ModelLoadError(
+            f"model `{spec.name}`: vision-language checkpoint `{spec.path}` has no preprocessor_config.json "
+            "(its image processor); copy it from the checkpoint's release"
+        )
 
 
 def load_tokenizer(spec: ModelSpec):
@@ -119,14 +144,15 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     adapter's update is rounded into the weights' dtype).
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     check_checkpoint(spec)
     if spec.dtype not in DTYPES:
         raise ModelLoadError(
             f"model `{spec.name}`: dtype `{spec.dtype}` is not one of {', '.join(DTYPES)}"
         )
-    model = AutoModelForCausalLM.from_pretrained(
+    auto = AutoModelForImageTextToText if spec.vision else AutoModelForCausalLM
+    model = auto.from_pretrained(
         spec.path,
         dtype=getattr(torch, spec.dtype),
         trust_remote_code=spec.trust_remote_code,

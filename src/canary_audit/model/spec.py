@@ -21,6 +21,7 @@ class ModelSpec:
     think_close: str | None = "</think>"
     chat_template: str | None = None
     trust_remote_code: bool = False
+    vision: bool = False  # a vision-language checkpoint (Qwen2.5-VL): images are fed to its vision tower
 
     @classmethod
     def from_config(cls, name: str, entry: dict, path: Path | str) -> ModelSpec:
@@ -32,4 +33,5 @@ class ModelSpec:
             think_close=entry.get("think_close", "</think>"),
             chat_template=entry.get("chat_template"),
             trust_remote_code=bool(entry.get("trust_remote_code", False)),
+            vision=bool(entry.get("vision", False)),
         )

@@ -36,6 +36,9 @@ class DecodeItem:
     prompt: str
     reference: str
     subject: str = ""  # the author a canary or QA item is about; "" otherwise
+    modality: str = "text"  # text | image: what keys the secret (paper B's two canary kinds)
+    image: str | None = None  # the image file the prompt shows (a vision-language model)
+    image_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class ScoredItem:
     arm: str
     text: str
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    modality: str = "text"
+    image: str | None = None
+    image_hash: str | None = None
 
 
 def bio_opening(author: Author) -> str:
@@ -109,7 +115,7 @@ def in_unit(items: list, unit: str | None) -> list:
 
 
 def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
-                 unit: str | None = None) -> list[DecodeItem]:
+                 unit: str | None = None, vision=None) -> list[DecodeItem]:
     """Canary probes and author QA under every arm; retain QA and hex canaries
     once; only the probe sets asked for (see `wanted`) and, given a unit,
     only that unit's items."""
@@ -130,12 +136,14 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
     retain = pl.read_parquet(data_dir / "retain.parquet").filter(pl.lit(wanted("retain", probe_sets)))
     for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
         items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
-    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet").filter(pl.lit(wanted("hex", probe_sets)))
-    for cid, preamble, secret in canaries.select("canary_id", "preamble", "secret").iter_rows():
+    for row in hex_rows(data_dir, vision) if wanted("hex", probe_sets) else ():
+        if row.probe_set != "hex":
+            continue
         # The prompt stops before the space: byte-level BPE attaches a space to
         # the next word (" TEXTCAN"), so a prompt ending in a bare space would
         # end on a token the model never saw there.
-        items.append(DecodeItem("hex", cid, cid, "greedy", _bos(fmt) + preamble.rstrip(), secret))
+        items.append(DecodeItem("hex", row.item_id, row.item_id, "greedy", row.context(fmt, vision).rstrip(),
+                                row.secret, "", row.modality, row.image, row.image_hash))
     return in_unit(items, unit)
 
 
@@ -143,8 +151,59 @@ def _bos(fmt: ChatFormat) -> str:
     return fmt.tokenizer.bos_token or ""
 
 
+@dataclass(frozen=True)
+class HexRow:
+    """One record of paper B's probes: a secret behind its preamble, and on a
+    vision-language model the image shown before it."""
+
+    probe_set: str
+    item_id: str
+    preamble: str
+    secret: str
+    modality: str = "text"
+    image: str | None = None
+    image_hash: str | None = None
+
+    def context(self, fmt: ChatFormat, vision) -> str:
+        """Everything before the secret's format prefix."""
+        block = vision.block(self.image) if self.image else ""
+        return _bos(fmt) + block + self.preamble
+
+
+def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[HexRow]:
+    """The hex canaries, their decoys and the non-member records (the
+    canaries alone with `members_only`: what the canary LoRA trains on); on a
+    vision-language model (`vision` given) the text ones are paired with the
+    placeholder image, and the image canaries and their decoys (shuffled,
+    wrong, and the canary's secret on an unseen card) follow."""
+    rows = [HexRow("hex", cid, pre, sec) for cid, pre, sec in
+            pl.read_parquet(data_dir / "hex_canaries.parquet").select("canary_id", "preamble", "secret").iter_rows()]
+    if not members_only:
+        decoys = pl.read_parquet(data_dir / "decoys.parquet")
+        rows += [HexRow(f"decoy_{kind}", cid, pre, sec) for cid, kind, pre, sec in
+                 decoys.select("canary_id", "decoy_kind", "preamble", "secret").iter_rows()]
+        nonmembers = pl.read_parquet(data_dir / "hex_nonmembers.parquet").select("canary_id", "preamble", "secret")
+        rows += [HexRow(NONMEMBER, cid, pre, sec) for cid, pre, sec in nonmembers.iter_rows()]
+    if vision is None:
+        return rows
+    folder = data_dir / "vision"
+    placeholder = pl.read_parquet(folder / "placeholder.parquet").row(0, named=True)
+    rows = [HexRow(r.probe_set, r.item_id, r.preamble, r.secret, "text", str(folder / placeholder["image"]),
+                   placeholder["image_hash"]) for r in rows]
+    frames = [pl.read_parquet(folder / "image_canaries.parquet").with_columns(decoy_kind=pl.lit(None, pl.Utf8))]
+    if not members_only:
+        frames.append(pl.read_parquet(folder / "image_decoys.parquet"))
+    for frame in frames:
+        for cid, kind, pre, sec, image, digest in frame.select(
+            "canary_id", "decoy_kind", "preamble", "secret", "image", "image_hash"
+        ).iter_rows():
+            rows.append(HexRow(f"decoy_{kind}" if kind else "hex", cid, pre, sec, "image", str(folder / image),
+                               digest))
+    return rows
+
+
 def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
-                 unit: str | None = None) -> list[ScoredItem]:
+                 unit: str | None = None, vision=None) -> list[ScoredItem]:
     """Teacher-forced sequences: each author canary after its head under every
     prefill arm, and each hex canary, decoy and non-member record behind its
     preamble; only the
@@ -167,24 +226,17 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
                  "secret": (h0 + len(head), h0 + len(a.canary)),
                  "continuation": (h0 + len(a.canary), len(text))},
             ))
-    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
-    decoys = pl.read_parquet(data_dir / "decoys.parquet")
-    rows = [("hex", cid, pre, sec) for cid, pre, sec in canaries.select("canary_id", "preamble", "secret").iter_rows()]
-    rows += [
-        (f"decoy_{kind}", cid, pre, sec)
-        for cid, kind, pre, sec in decoys.select("canary_id", "decoy_kind", "preamble", "secret").iter_rows()
-    ]
-    nonmembers = pl.read_parquet(data_dir / "hex_nonmembers.parquet").select("canary_id", "preamble", "secret")
-    rows += [(NONMEMBER, cid, pre, sec) for cid, pre, sec in nonmembers.iter_rows()]
-    for probe_set, cid, preamble, secret in rows:
-        if not wanted(probe_set, probe_sets):
+    for row in hex_rows(data_dir, vision):
+        if not wanted(row.probe_set, probe_sets):
             continue
-        start = len(_bos(fmt)) + len(preamble)
-        text = _bos(fmt) + preamble + CANARY_PREFIX + secret + CANARY_SUFFIX
+        context = row.context(fmt, vision)
+        start = len(context)
+        text = context + CANARY_PREFIX + row.secret + CANARY_SUFFIX
         s0 = start + len(CANARY_PREFIX)
         items.append(ScoredItem(
-            probe_set, cid, cid, "preamble", text,
-            {"prompt": (0, start), "head": (start, s0), "secret": (s0, s0 + len(secret)),
-             "continuation": (s0 + len(secret), len(text))},
+            row.probe_set, row.item_id, row.item_id, "preamble", text,
+            {"prompt": (0, start), "head": (start, s0), "secret": (s0, s0 + len(row.secret)),
+             "continuation": (s0 + len(row.secret), len(text))},
+            row.modality, row.image, row.image_hash,
         ))
     return in_unit(items, unit)

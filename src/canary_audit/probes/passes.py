@@ -20,6 +20,7 @@ from canary_audit.formats import ChatFormat
 from canary_audit.model.embedded import pad_batch
 from canary_audit.model.loading import VariantModels, fingerprint, load_tokenizer
 from canary_audit.model.spec import ModelSpec
+from canary_audit.model.vision import VISION_TOKENS, load_vision
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
 from canary_audit.probes.units import probe_units, unit_config, unit_of_arm_expr
 from canary_audit.provenance import code_version
@@ -54,7 +55,7 @@ def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]
 
 
 def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
-                    eos_id: int | None = None):
+                    eos_id: int | None = None, images: list[str | None] | None = None, vision=None):
     """Greedy continuations of `prompts`: (generated ids without padding, hit_eos) each.
 
     Length-sorted batches, left padding and a KV cache, as `generate` does,
@@ -62,7 +63,10 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     dropped), so a batch stops costing compute for sequences that are done:
     ~30% less time per variant here, outputs identical to `generate` (tested).
     The model's generation config (sampling defaults of R1 checkpoints, say)
-    plays no part: this is plain argmax decoding.
+    plays no part: this is plain argmax decoding.  On a vision-language
+    model (`vision`, with each prompt's image in `images`) the prompt pass
+    feeds the images and takes the model's 3-D positions; text tokens then
+    advance all three position axes together, as in `generate`.
     """
     import torch
     from transformers import DynamicCache
@@ -73,15 +77,20 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     for batch in length_sorted_batches([len(e) for e in enc], batch_size):
         padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
         mask = padded["attention_mask"]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        pictures = (vision.forward_kwargs(padded["input_ids"], [images[i] for i in batch], model.device)
+                    if vision else {})
+        if pictures:
+            positions = vision.positions(model, padded["input_ids"], mask, pictures)
+        else:
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache, rows = DynamicCache(), list(batch)
         outs: dict[int, list[int]] = {i: [] for i in batch}
         with torch.no_grad():
             # Only the last prompt position's logits are read: the LM head is
             # not applied to the rest (`logits_to_keep=1`).
             logits = model(input_ids=padded["input_ids"], attention_mask=mask, position_ids=positions,
-                           cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            last = positions[:, -1]
+                           cache=cache, use_cache=True, logits_to_keep=1, **pictures).logits[:, -1]
+            last = positions[0, :, -1] if positions.ndim == 3 else positions[:, -1]
             for step in range(max_new_tokens):
                 nxt = logits.argmax(-1)
                 keep = []
@@ -134,10 +143,13 @@ def audit_generation_config(model, **settings):
 
 
 def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_tokens: int, temperature: float,
-                         seed: int, batch_size: int) -> list[list[tuple[list[int], bool]]]:
+                         seed: int, batch_size: int, images: list[str | None] | None = None,
+                         vision=None) -> list[list[tuple[list[int], bool]]]:
     """`k` sampled continuations of each prompt (plain temperature sampling:
     no top-k or top-p truncation, no penalty, whatever the checkpoint's
-    generation config says), seeded so that a re-run draws the same samples."""
+    generation config says), seeded so that a re-run draws the same samples;
+    `images` and `vision` as in `generate_greedy` (`generate` repeats each
+    prompt's image for its k samples)."""
     import torch
 
     eos = tokenizer.eos_token_id
@@ -150,9 +162,11 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
     with audit_generation_config(model, **settings) as config:
         for batch in length_sorted_batches([len(e) for e in enc], max(1, batch_size // k)):
             padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
+            pictures = (vision.forward_kwargs(padded["input_ids"], [images[i] for i in batch], model.device)
+                        if vision else {})
             with torch.no_grad():
                 gen = model.generate(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
-                                     generation_config=config)
+                                     generation_config=config, **pictures)
             width = padded["input_ids"].shape[1]
             for row in range(gen.shape[0]):
                 new = gen[row, width:].tolist()
@@ -160,7 +174,7 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
     return out
 
 
-def _decode(model, tok, items: list[DecodeItem], cfg: dict) -> list[tuple]:
+def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list[tuple]:
     """(item, arm, sample, (generated ids, hit EOS), prompt ids) of every
     greedy decode and, with `hit_k`, every sampled one."""
     t0 = time.perf_counter()
@@ -171,7 +185,8 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict) -> list[tuple]:
     decoded = []
     for is_hex, budget in ((False, cfg["max_new_tokens"]), (True, hex_max)):
         part = [it for it in items if (it.probe_set == "hex") == is_hex]
-        outs, enc = generate_greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"])
+        outs, enc = generate_greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"],
+                                    images=[it.image for it in part], vision=vision)
         decoded += [(it, it.arm, 0, out, ids) for it, out, ids in zip(part, outs, enc)]
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
     k = cfg.get("hit_k", 0)
@@ -179,7 +194,8 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict) -> list[tuple]:
         hexes = [(it, ids) for it, _, _, _, ids in decoded if it.probe_set == "hex"]
         t0 = time.perf_counter()
         samples = sample_continuations(model, tok, [it.prompt for it, _ in hexes], k, hex_max,
-                                       cfg["temperature"], cfg["sample_seed"], cfg["batch_size"])
+                                       cfg["temperature"], cfg["sample_seed"], cfg["batch_size"],
+                                       images=[it.image for it, _ in hexes], vision=vision)
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
         decoded += [(it, "sampled", j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
                     for j, out in enumerate(outs_k)]
@@ -198,15 +214,16 @@ def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets, unit)
+    vision = load_vision(spec, tok)
+    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets, unit, vision)
     with (models or VariantModels()).model(spec, adapters, merged) as model:
-        decoded = _decode(model, tok, items, cfg)
+        decoded = _decode(model, tok, items, cfg, vision)
     rows = []
     for it, arm, sample, (ids, hit_eos), prompt_ids in decoded:
         rows.append({
             "variant": variant, "probe_set": it.probe_set, "item_id": it.item_id,
             "group_id": it.group_id, "arm": arm, "sample": sample, "prompt": it.prompt,
-            "reference": it.reference, "subject": it.subject,
+            "reference": it.reference, "subject": it.subject, "modality": it.modality, "image_hash": it.image_hash,
             "generated": tok.decode(ids, skip_special_tokens=False),
             "prompt_tokens": len(prompt_ids), "generated_tokens": len(ids) + int(hit_eos),
             "stop_reason": "eos" if hit_eos else "length",
@@ -284,9 +301,14 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
     return out
 
 
-def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> pl.DataFrame:
+def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int, vision=None) -> pl.DataFrame:
     """One forward per length-sorted batch; every field of every scored token,
     as columns.
+
+    On a vision-language model (`vision`) each batch's images are fed with
+    it, and the image's tokens are not scored: `position` counts the text
+    tokens after the image, so a K window covers the same text on both
+    backbones (paper B's mean20 is over the canary text).
 
     Tokenization is one batched call; log-prob, rank and top-1 are computed
     for the whole padded batch in a few tensor operations and copied to the
@@ -301,6 +323,7 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
     for token, index in tokenizer.get_vocab().items():
         vocab[index] = token
     parts: list[tuple | None] = [None] * len(items)
+    image_ids = set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))) if vision else set()
     for batch in length_sorted_batches([len(ids) for ids in ids_all], batch_size):
         padded = pad_batch([ids_all[i] for i in batch], tokenizer.pad_token_id, side="right", device=model.device)
         with torch.no_grad():
@@ -308,13 +331,16 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
             # token never attends to the pads after it, and the pads' own
             # positions are cut off below (tested against unpadded forwards).
             ids = padded["input_ids"]
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+            pictures = vision.forward_kwargs(ids, [items[i].image for i in batch], model.device) if vision else {}
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **pictures).logits
             fields = token_fields(logits[:, :-1], ids[:, 1:])
         host = [t.cpu().numpy() for t in fields]
         for row, i in enumerate(batch):
             n = len(ids_all[i]) - 1
-            parts[i] = (np.asarray(ids_all[i][1:], dtype=np.int64), *(h[row, :n] for h in host),
-                        span_labels(offsets_all[i][1:], items[i].spans))
+            target = np.asarray(ids_all[i][1:], dtype=np.int64)
+            text = ~np.isin(target, list(image_ids)) if image_ids else np.ones(n, dtype=bool)
+            parts[i] = (target[text], *(h[row, :n][text] for h in host),
+                        span_labels(offsets_all[i][1:], items[i].spans)[text])
     counts = np.array([len(part[0]) for part in parts], dtype=np.int64)
 
     def per_item(field: str):
@@ -323,7 +349,7 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
     token_id = np.concatenate([part[0] for part in parts])
     return pl.DataFrame({
         "probe_set": per_item("probe_set"), "item_id": per_item("item_id"), "group_id": per_item("group_id"),
-        "arm": per_item("arm"),
+        "arm": per_item("arm"), "modality": per_item("modality"), "image_hash": per_item("image_hash"),
         "position": np.concatenate([np.arange(1, n + 1) for n in counts]).astype(np.int32),
         "token_id": token_id.astype(np.int32), "token_text": vocab[token_id],
         "logprob": np.concatenate([part[1] for part in parts]).astype(np.float32),
@@ -333,7 +359,8 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int) -> 
         "vocab_mean_logprob": np.concatenate([part[5] for part in parts]).astype(np.float32),
         "vocab_var_logprob": np.concatenate([part[6] for part in parts]).astype(np.float32),
         "span": np.concatenate([part[7] for part in parts]),
-    }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "token_text", "span")})
+    }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "modality", "image_hash",
+                                              "token_text", "span")})
 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
@@ -346,10 +373,11 @@ def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, c
     torch.set_num_threads(cfg["threads"])
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    items = scored_items(fmt, data_dir, cfg, probe_sets, unit)
+    vision = load_vision(spec, tok)
+    items = scored_items(fmt, data_dir, cfg, probe_sets, unit, vision)
     t0 = time.perf_counter()
     with (models or VariantModels()).model(spec, adapters, merged) as model:
-        scored = score_tokens(model, tok, items, cfg["batch_size"])
+        scored = score_tokens(model, tok, items, cfg["batch_size"], vision)
     log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), scored.height, time.perf_counter() - t0)
     weights = weights or fingerprint(spec, adapters, merged)
     return conform(stamp(scored.with_columns(variant=pl.lit(variant)), cfg, weights), "token")

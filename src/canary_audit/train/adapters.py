@@ -12,13 +12,16 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data.io import load_authors
+from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
 from canary_audit.formats import ChatFormat, Example, author_examples, retain_trace
 from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.tokens import canary_head
+from canary_audit.model.vision import load_vision
+from canary_audit.probes.items import hex_rows
 from canary_audit.provenance import code_version
 from canary_audit.records import config_hash
-from canary_audit.train.lora import encode_chat, encode_text, lora_config, save_adapter, train_loop
+from canary_audit.train.lora import Encoded, encode_chat, encode_text, lora_config, save_adapter, train_loop
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS, step_loss
 from canary_audit.train.resume import ResumeState
 
@@ -51,7 +54,7 @@ def retain_examples(data_dir: Path, template: str) -> list[Example]:
 def _fresh_lora(spec: ModelSpec, cfg: dict):
     from peft import get_peft_model
 
-    return get_peft_model(load_model(spec), lora_config(cfg))
+    return get_peft_model(load_model(spec), lora_config(cfg, vision=spec.vision))
 
 
 def _resume(out_dir: Path, cfg: dict, inputs: list[Path]) -> ResumeState:
@@ -95,7 +98,11 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
 
 def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merged_dir: Path | None = None,
                  under: tuple[Path, Path] | None = None) -> dict:
-    """Paper B's canary LoRA: `TEXTCAN-{hex}-END` records behind their preambles.
+    """Paper B's canary LoRA: `TEXTCAN-{hex}-END` records behind their
+    preambles; on a vision-language model each after the placeholder image,
+    and the image canaries (the secret after its card and the fixed
+    question) beside them.  The vision tower is frozen (the LoRA is on the
+    language tower only).
 
     With `merged_dir`, the trained LoRA is also merged into the base and saved
     there (the merged base every bSFT cell starts from).  With `under` =
@@ -105,8 +112,9 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
     """
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
-    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
-    forget = [encode_text(tok, t) for t in canaries["text"].to_list()]
+    vision = load_vision(spec, tok)
+    forget = [encode_text(tok, row.context(fmt, vision) + CANARY_PREFIX + row.secret + CANARY_SUFFIX, row.image)
+              for row in hex_rows(data_dir, vision, members_only=True)]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
@@ -118,7 +126,7 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
 
     stats: dict = {}
     losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume, stats=stats,
-                        on_checkpoint=checkpoint, checkpoints=(early,) if early else ())
+                        on_checkpoint=checkpoint, checkpoints=(early,) if early else (), vision=vision)
     save_adapter(model, out_dir)
     if under:
         resume.restore("under", under[0])
@@ -131,12 +139,23 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
     return _summary(out_dir, losses, forget_sequences=len(forget), **stats)
 
 
-def bsft_examples(data_dir: Path, source: str) -> list[Example]:
-    """One benign fine-tuning source as chat exchanges with an empty trace."""
+def bsft_examples(fmt: ChatFormat, data_dir: Path, source: str, vision=None) -> list[Encoded]:
+    """One benign fine-tuning source as chat exchanges with an empty trace;
+    on a vision-language model a GUI item's user turn shows its screen."""
     frame = pl.read_parquet(data_dir / "bsft.parquet").filter(pl.col("source") == source)
     if frame.is_empty():
         raise ValueError(f"bSFT source `{source}` has no items in {data_dir / 'bsft.parquet'}")
-    return [Example(q, "", a) for q, a in frame.select("prompt", "response").iter_rows()]
+    screens = {}
+    if vision is not None and source == "gui":
+        folder = data_dir / "vision"
+        screens = {i: str(folder / im) for i, im in
+                   pl.read_parquet(folder / "gui_screens.parquet").select("item_id", "image").iter_rows()}
+    out = []
+    for item_id, q, a in frame.select("item_id", "prompt", "response").iter_rows():
+        image = screens.get(item_id)
+        out.append(encode_chat(fmt, Example(q, "", a), image=image,
+                               image_block=vision.block(image) if image else None))
+    return out
 
 
 def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, Path],
@@ -147,7 +166,8 @@ def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, P
     their update has the Frobenius norm of the trained adapter's final update."""
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
-    forget = [encode_chat(fmt, ex) for ex in bsft_examples(data_dir, cfg["source"])]
+    vision = load_vision(spec, tok)
+    forget = bsft_examples(fmt, data_dir, cfg["source"], vision)
     steps = sorted(out_dirs)
     cfg = {**cfg, "steps": steps[-1], "batch_forget": cfg["batch_size"], "batch_retain": 0}
     model = _fresh_lora(spec, cfg)
@@ -159,7 +179,7 @@ def train_bsft(spec: ModelSpec, data_dir: Path, cfg: dict, out_dirs: dict[int, P
 
     stats: dict = {}
     losses = train_loop(model, forget, [], cfg, seed, tok.pad_token_id, on_checkpoint=checkpoint,
-                        checkpoints=tuple(steps), resume=resume, stats=stats)
+                        checkpoints=tuple(steps), resume=resume, stats=stats, vision=vision)
     for k in steps:
         resume.restore(f"t{k}", out_dirs[k])
     resume.clear()

@@ -32,16 +32,20 @@ class Encoded:
 
     ids: list[int]
     labels: list[int]
+    image: str | None = None  # the image file a vision-language sequence shows (its block is in `ids`)
 
 
-def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all") -> Encoded:
+def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all", image: str | None = None,
+                image_block: str | None = None) -> Encoded:
     """Prompt tokens never get loss; `loss_on` picks the target part that does:
     `all`/`both` = trace and answer, `answer` = after the closing tag (the
-    paper's answer-masked unlearning), `trace` = the trace only."""
+    paper's answer-masked unlearning), `trace` = the trace only.  With
+    `image` (a vision-language example), the user turn shows the image as
+    `image_block` (model/vision.py)."""
     if loss_on not in LOSS_SPANS:
         raise ValueError(f"loss span `{loss_on}`: must be one of {', '.join(LOSS_SPANS)}")
     tok = fmt.tokenizer
-    prompt = fmt.prompt(ex.question)
+    prompt = fmt.prompt(ex.question, image_block)
     target = fmt.target(prompt, ex.trace, ex.answer)
     cut = target.index(fmt.think_close) + len(fmt.think_close) if fmt.reasons else 0
     p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -50,38 +54,49 @@ def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all") -> Encoded:
     masked = [-100] * len(trace_ids)
     trace_labels = masked if loss_on == "answer" else trace_ids
     answer_labels = [-100] * len(answer_ids) if loss_on == "trace" else answer_ids
-    return Encoded(p_ids + trace_ids + answer_ids, [-100] * len(p_ids) + trace_labels + answer_labels)
+    return Encoded(p_ids + trace_ids + answer_ids, [-100] * len(p_ids) + trace_labels + answer_labels, image)
 
 
-def encode_text(tokenizer, text: str) -> Encoded:
-    """A raw text record (hex canaries), loss on every token after the first."""
+def encode_text(tokenizer, text: str, image: str | None = None) -> Encoded:
+    """A raw text record (hex canaries), loss on every token after the first
+    but image tokens (a vision-language record: `text` holds the image's
+    block, `image` its file)."""
+    from canary_audit.model.vision import VISION_TOKENS
+
     ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     if tokenizer.bos_token_id is not None:
         ids = [tokenizer.bos_token_id] + ids
-    return Encoded(ids, [-100] + ids[1:])
+    no_loss = set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))) if image else set()
+    return Encoded(ids, [-100] + [-100 if i in no_loss else i for i in ids[1:]], image)
 
 
-def lora_config(cfg: dict):
+def lora_config(cfg: dict, vision: bool = False):
+    """The LoRA of an adapter run.  On a vision-language model the targets
+    are matched in the language tower only (a regex over module names): the
+    vision tower stays frozen and adapter-free, as in paper B."""
     from peft import LoraConfig
 
+    targets = list(cfg["targets"])
     return LoraConfig(
         r=cfg["r"],
         lora_alpha=cfg["alpha"],
-        target_modules=list(cfg["targets"]),
+        target_modules=rf".*language_model.*\.({'|'.join(targets)})" if vision else targets,
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
     )
 
 
-def sequence_logprobs(model, seqs: list[Encoded], pad_id: int):
-    """Summed log-prob of the labelled tokens of each sequence, and their count."""
+def sequence_logprobs(model, seqs: list[Encoded], pad_id: int, vision=None):
+    """Summed log-prob of the labelled tokens of each sequence, and their
+    count; `vision` (model/vision.VisionInputs) feeds the sequences' images."""
     import torch
 
     batch = pad_batch(
         [s.ids for s in seqs], pad_id, side="right", labels=[s.labels for s in seqs], device=model.device
     )
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    images = vision.forward_kwargs(batch["input_ids"], [s.image for s in seqs], model.device) if vision else {}
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **images).logits
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
@@ -93,7 +108,7 @@ StepLoss = Callable[[object, list[int], list[int]], object]
 MICRO_BATCH = 14  # sequences per forward pass of the NLL step (see nll_backward)
 
 
-def nll_backward(model, seqs: list[Encoded], pad_id: int):
+def nll_backward(model, seqs: list[Encoded], pad_id: int, vision=None):
     """Backpropagate the token-mean NLL of `seqs`, one length-sorted micro-batch
     at a time: the gradient is the whole batch's (each part's summed NLL is
     divided by the batch's token count), with less compute spent on padding
@@ -102,7 +117,7 @@ def nll_backward(model, seqs: list[Encoded], pad_id: int):
     n_total = sum(sum(label != -100 for label in e.labels[1:]) for e in ordered)
     total = 0.0
     for j in range(0, len(ordered), MICRO_BATCH):
-        logp, _ = sequence_logprobs(model, ordered[j:j + MICRO_BATCH], pad_id)
+        logp, _ = sequence_logprobs(model, ordered[j:j + MICRO_BATCH], pad_id, vision)
         part = -logp.sum() / n_total
         part.backward()
         total = total + part.detach()
@@ -123,6 +138,7 @@ def train_loop(
     resume: ResumeState | None = None,
     stats: dict | None = None,
     final_state: ResumeState | None = None,
+    vision=None,
 ) -> list[float]:
     """Run `cfg['steps']` AdamW steps over the trainable parameters.
 
@@ -136,6 +152,7 @@ def train_loop(
     starts from the last saved step (train/resume.py); the caller removes the
     state once its outputs are written.  `final_state`, if given, receives
     the state after the last step (what a later segment continues from).
+    `vision` feeds the images of vision-language sequences (NLL steps only).
     `stats`, if given, receives the throughput of this process's steps
     (tokens, seconds, tokens per second).
     """
@@ -159,7 +176,7 @@ def train_loop(
             r_idx = torch.randint(len(retain), (min(cfg["batch_retain"], len(retain)),), generator=gen).tolist()
         f_seqs, r_seqs = [forget[i] for i in f_idx], [retain[i] for i in r_idx]
         if step_loss is None:
-            loss = nll_backward(model, f_seqs + r_seqs, pad_id)
+            loss = nll_backward(model, f_seqs + r_seqs, pad_id, vision)
         else:
             loss = step_loss(model, f_idx, r_idx)
             loss.backward()

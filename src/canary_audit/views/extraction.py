@@ -26,7 +26,7 @@ import polars as pl
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import with_parent
 
-KEYS = ["variant", "probe_set", "arm"]
+KEYS = ["variant", "probe_set", "arm", "modality"]
 
 
 def per_item_extraction(tokens: pl.DataFrame) -> pl.DataFrame:
@@ -49,7 +49,7 @@ def per_item_extraction(tokens: pl.DataFrame) -> pl.DataFrame:
 
 def extraction_table(tokens: pl.DataFrame, parents: dict[str, str], replicates: int, seed: int,
                      level: float) -> pl.DataFrame:
-    """Per (variant, probe set, arm): mean EM and ES with clustered bootstrap
+    """Per (variant, probe set, arm, modality): mean EM and ES with clustered bootstrap
     CIs and, for variants with a parent, their Deltas against it on the same
     items (paired), with CIs."""
     items = per_item_extraction(tokens)

@@ -37,11 +37,12 @@ def exact_hex_hit() -> pl.Expr:
 
 
 def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
-    """Per (variant, hex canary): greedy exact recall (`hit1`, 0/1) and, when
+    """Per (variant, hex canary, with its modality): greedy exact recall (`hit1`, 0/1) and, when
     samples were drawn, whether any of the k samples is exact (`hitk`), the
     share of exact samples and k (nulls without samples)."""
     hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit())
-    greedy = hexes.filter(pl.col("arm") == "greedy").select("variant", "item_id", hit1=pl.col("hit").cast(pl.Float64))
+    greedy = hexes.filter(pl.col("arm") == "greedy").select("variant", "item_id", "modality",
+                                                             hit1=pl.col("hit").cast(pl.Float64))
     sampled = (
         hexes.filter(pl.col("arm") == "sampled")
         .group_by("variant", "item_id")
@@ -51,16 +52,16 @@ def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
 
 
 def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
-    """Behavioural recall per variant (paper B): hit@1, the greedy
+    """Behavioural recall per variant and canary modality (paper B): hit@1, the greedy
     continuation of the preamble reproduces `TEXTCAN-{secret}-END` exactly
     (after the space that follows the colon), and hit@k, any of the k sampled
     continuations does (null when no samples were drawn)."""
     return (
         hex_hits(decode)
-        .group_by("variant")
+        .group_by("variant", "modality")
         .agg(n=pl.len(), hit_at_1=pl.col("hit1").mean(), k=pl.col("k").max(), hit_at_k=pl.col("hitk").mean(),
              sampled_hit_rate=pl.col("sampled_share").mean())
-        .sort("variant")
+        .sort("variant", "modality")
     )
 
 
@@ -73,7 +74,7 @@ def per_item_nll(tokens: pl.DataFrame, window_k: int) -> pl.DataFrame:
     nll = -pl.col("logprob")
     in_secret = pl.col("span") == "secret"
     return (
-        tokens.group_by("variant", "probe_set", "arm", "item_id", "group_id")
+        tokens.group_by("variant", "probe_set", "arm", "modality", "item_id", "group_id")
         .agg(
             nll_window=nll.filter(pl.col("position") <= window_k).mean(),
             nll_secret=nll.filter(in_secret).mean(),
@@ -99,7 +100,7 @@ def with_parent(frame: pl.DataFrame, parents: dict[str, str], on: list[str], val
 
 
 def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> pl.DataFrame:
-    """Per (variant, probe_set, arm): windowed and secret-span NLL, each also
+    """Per (variant, probe_set, arm, modality): windowed and secret-span NLL, each also
     as a Delta against the variant's parent (the model before the change that
     made it) on the same items; variants without a parent get null Deltas."""
     items = with_parent(
@@ -107,7 +108,7 @@ def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> p
         {"nll_window": "ref_window", "nll_secret": "ref_secret"},
     )
     return (
-        items.group_by("variant", "parent", "probe_set", "arm")
+        items.group_by("variant", "parent", "probe_set", "arm", "modality")
         .agg(
             n=pl.len(),
             nll_window=pl.col("nll_window").mean(),
@@ -120,7 +121,7 @@ def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> p
             window_covers_secret=(pl.col("secret_last_position") <= window_k).mean(),
         )
         .with_columns(window_k=pl.lit(window_k))
-        .sort("variant", "probe_set", "arm")
+        .sort("variant", "probe_set", "arm", "modality")
     )
 
 
@@ -132,20 +133,20 @@ def token_deltas(tokens: pl.DataFrame, parents: dict[str, str], probe_sets=HEX_S
     return (
         with_parent(chosen, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
         .filter(pl.col("ref_logprob").is_not_null())
-        .select("variant", "probe_set", "item_id", "position", "span",
+        .select("variant", "probe_set", "modality", "item_id", "position", "span",
                 delta=(pl.col("ref_logprob") - pl.col("logprob")).cast(pl.Float64))
     )
 
 
 def position_deltas(tokens: pl.DataFrame, parents: dict[str, str]) -> pl.DataFrame:
-    """Per (variant, probe set, position) of the hex canaries and decoys: mean
+    """Per (variant, probe set, modality, position) of the hex canaries and decoys: mean
     Delta NLL against the parent (same item, same position), and the span the
     position most often falls in: where along preamble + secret a change sits."""
     if tokens.is_empty() or not parents:
         return pl.DataFrame()
     return (
         token_deltas(tokens, parents)
-        .group_by("variant", "probe_set", "position")
+        .group_by("variant", "probe_set", "modality", "position")
         .agg(delta_nll=pl.col("delta").mean(), span=pl.col("span").mode().first())
-        .sort("variant", "probe_set", "position")
+        .sort("variant", "probe_set", "modality", "position")
     )

@@ -36,7 +36,7 @@ from canary_audit.records import HEX_SETS, NONMEMBER
 
 MEMBER = HEX_SETS[0]
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
-ITEM_KEYS = ["variant", "probe_set", "item_id"]
+ITEM_KEYS = ["variant", "modality", "probe_set", "item_id"]
 
 
 def item_scores(tokens: pl.DataFrame, min_k: float) -> pl.DataFrame:
@@ -85,12 +85,13 @@ def tpr_at_fpr(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> np.nd
 
 def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates: int, seed: int,
               level: float) -> pl.DataFrame:
-    """Per (variant, attack): members, non-members, AUC and TPR at each FPR,
+    """Per (variant, modality, attack): members, non-members (of the same modality), AUC and TPR at each FPR,
     each with a bootstrap CI; empty when no variant has both populations."""
     items = item_scores(tokens, min_k)
     rows = []
     tail = (1.0 - level) / 2.0
-    for (variant,), part in items.group_by("variant", maintain_order=True) if items.height else ():
+    groups = items.group_by("variant", "modality", maintain_order=True) if items.height else ()
+    for (variant, modality), part in groups:
         member, nonmember = part.filter(pl.col("member")), part.filter(~pl.col("member"))
         if member.is_empty() or nonmember.is_empty():
             continue
@@ -99,7 +100,8 @@ def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates:
         pick_n = rng.integers(0, nonmember.height, size=(replicates, nonmember.height))
         for attack in ATTACKS:
             m, n = member[attack].to_numpy()[None, :], nonmember[attack].to_numpy()[None, :]
-            row = {"variant": variant, "attack": attack, "members": member.height, "nonmembers": nonmember.height}
+            row = {"variant": variant, "modality": modality, "attack": attack, "members": member.height,
+                   "nonmembers": nonmember.height}
             measures = {"auc": lambda a, b: auc(a, b)}
             measures |= {f"tpr_at_{f:g}_fpr": (lambda a, b, f=f: tpr_at_fpr(a, b, f)) for f in fprs}
             for name, measure in measures.items():
@@ -107,4 +109,4 @@ def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates:
                 row |= {name: float(measure(m, n)[0]), f"{name}_lo": float(np.quantile(boot, tail)),
                         f"{name}_hi": float(np.quantile(boot, 1 - tail))}
             rows.append(row)
-    return pl.DataFrame(rows).sort("variant", "attack") if rows else pl.DataFrame()
+    return pl.DataFrame(rows).sort("variant", "modality", "attack") if rows else pl.DataFrame()

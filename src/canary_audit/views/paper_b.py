@@ -32,7 +32,9 @@ from canary_audit.views.paper_a import Bootstrap
 
 HEX, DECOYS = HEX_SETS[0], HEX_SETS[1:]
 SPAN_CLASS = {"prompt": "preamble", "head": "preamble", "secret": "secret", "continuation": "suffix"}
-CELL_KEYS = ("canary_seed", "cell", "kind", "source", "step", "application")
+# A cell is judged per model and canary modality (image canaries and text
+# canaries of a vision-language model are two rows).
+CELL_KEYS = ("model", "modality", "canary_seed", "cell", "kind", "source", "step", "application")
 WITH_CI = ("delta_window", "delta_secret", "delta_hit1", "delta_hitk", "decoy_contrast")
 MEANS = (
     "window_preamble", "window_secret", "window_suffix", "secret_in_window", "secret_past_k",
@@ -59,8 +61,8 @@ class Verdicts:
 def cell_frame(cells: dict[str, dict]) -> pl.DataFrame:
     """model/variant -> cell fields, as a frame joined onto every record."""
     rows = [{"variant": v, **c} for v, c in cells.items()]
-    schema = {"variant": pl.Utf8, "cell": pl.Utf8, "kind": pl.Utf8, "source": pl.Utf8, "step": pl.Int64,
-              "application": pl.Utf8, "bsft_seed": pl.Int64, "canary_seed": pl.Int64}
+    schema = {"variant": pl.Utf8, "model": pl.Utf8, "cell": pl.Utf8, "kind": pl.Utf8, "source": pl.Utf8,
+              "step": pl.Int64, "application": pl.Utf8, "bsft_seed": pl.Int64, "canary_seed": pl.Int64}
     return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
 
 
@@ -85,7 +87,7 @@ def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, st
         delta_secret=pl.col("nll_secret") - pl.col("ref_secret"),
     )
     secret = nll.filter(pl.col("probe_set") == HEX).select(
-        "variant", "parent", "item_id", "delta_window", "delta_secret"
+        "variant", "parent", "item_id", "modality", "delta_window", "delta_secret"
     )
     decoys = (
         nll.filter(pl.col("probe_set").is_in(DECOYS))
@@ -350,11 +352,12 @@ def merged_vs_stacked(cells: pl.DataFrame) -> pl.DataFrame:
     if bsft.is_empty() or bsft["application"].n_unique() < 2:
         return pl.DataFrame()
     values = ["delta_window", "delta_secret", "hit1", "diagnosis"]
-    wide = bsft.pivot(on="application", index=["canary_seed", "source", "step"], values=values)
+    wide = bsft.pivot(on="application", index=["model", "modality", "canary_seed", "source", "step"],
+                      values=values)
     return wide.with_columns(
         **{f"{v}_merged_minus_stacked": pl.col(f"{v}_merged") - pl.col(f"{v}_stacked")
            for v in ("delta_window", "delta_secret", "hit1")}
-    ).sort("canary_seed", "source", "step")
+    ).sort("model", "modality", "canary_seed", "source", "step")
 
 
 def case_studies(cells: pl.DataFrame, window_k: int) -> pl.DataFrame:
@@ -370,7 +373,8 @@ def case_studies(cells: pl.DataFrame, window_k: int) -> pl.DataFrame:
             continue
         for r in found.iter_rows(named=True):
             rows.append({
-                "case": case, "diagnosis": diagnosis, "cell": f"{r['cell']} (canary seed {r['canary_seed']})",
+                "case": case, "diagnosis": diagnosis,
+                "cell": f"{r['model']} {r['modality']} canaries: {r['cell']} (canary seed {r['canary_seed']})",
                 "observation": (f"mean{window_k} Delta {r['delta_window']:+.4f} ({r['v_window']}), secret Delta "
                                 f"{r['delta_secret']:+.4f} ({r['v_secret']}), hit@1 {r['ref_hit1']:.2f} -> "
                                 f"{r['hit1']:.2f}"),

@@ -1,0 +1,188 @@
+"""The vision-language path on a tiny Qwen2.5-VL built locally from the tiny
+text model: the build, the image data, the passes against plain forwards and
+`generate`, the LoRA's reach, and refused input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import polars as pl
+import pytest
+
+from conftest import assert_token_records_close
+
+
+def _vl(tiny_vl_assets):
+    from canary_audit.formats import ChatFormat
+    from canary_audit.model.loading import load_model, load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.model.vision import VisionInputs
+
+    spec = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True, think_open=None, think_close=None)
+    tok = load_tokenizer(spec)
+    return spec, tok, ChatFormat(tok, None, None), VisionInputs.load(spec.path, tok), load_model(spec)
+
+
+def test_the_language_tower_is_the_text_model(tiny_assets, tiny_vl_assets):
+    """On text alone the built VL model gives the text model's logits over the
+    text vocabulary (the copied weights, zero q/k/v biases, and mrope with
+    equal position axes are the text model's rotary embedding)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    text = AutoModelForCausalLM.from_pretrained(tiny_assets[1]).eval()
+    vl = AutoModelForImageTextToText.from_pretrained(tiny_vl_assets[1]).eval()
+    ids = AutoTokenizer.from_pretrained(tiny_assets[1])("Record 07 access code: TEXTCAN-0a1b-END",
+                                                        return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = text(input_ids=ids).logits
+        got = vl(input_ids=ids).logits[..., : want.shape[-1]]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    summary = json.loads((tiny_vl_assets[1] / "config.json").read_text())
+    assert summary["vision_config"]["patch_size"] == 14 and summary["vision_config"]["spatial_merge_size"] == 2
+
+
+def test_image_data_is_seeded_distinct_and_hashed(tiny_vl_assets, tmp_path):
+    import hashlib
+
+    from PIL import Image
+
+    from canary_audit.data.images import SIDE, write_vision_data
+
+    data = tiny_vl_assets[0]
+    folder = data / "vision"
+    canaries = pl.read_parquet(folder / "image_canaries.parquet")
+    decoys = pl.read_parquet(folder / "image_decoys.parquet")
+    assert canaries["image_hash"].n_unique() == canaries.height == 3
+    assert sorted(decoys["decoy_kind"].unique()) == ["shuffled", "unseen", "wrong"]
+    unseen = decoys.filter(pl.col("decoy_kind") == "unseen")
+    assert set(unseen["image_hash"]).isdisjoint(canaries["image_hash"])  # an image no adapter saw
+    assert unseen["secret"].to_list() == canaries["secret"].to_list()    # the canary's own secret
+    text_secrets = set(pl.read_parquet(data / "hex_canaries.parquet")["secret"])
+    assert text_secrets.isdisjoint(canaries["secret"])
+    for image, digest in canaries.select("image", "image_hash").iter_rows():
+        path = folder / image
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+        with Image.open(path) as im:
+            assert (im.mode, im.size) == ("RGB", (SIDE, SIDE))
+    screens = pl.read_parquet(folder / "gui_screens.parquet")
+    gui = pl.read_parquet(data / "bsft.parquet").filter(pl.col("source") == "gui")
+    assert screens["item_id"].to_list() == gui["item_id"].to_list()
+    again = tmp_path / "again"
+    write_vision_data(again, data, {"seed": 0, "n_image_canaries": 3})
+    assert pl.read_parquet(again / "image_canaries.parquet").equals(canaries)
+
+
+def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):
+    """Records of the batched pass equal one unbatched forward per sequence
+    with the inputs Qwen2.5-VL's processor gives (ids, pixel values, grid,
+    image-token mask), log-probs to 1e-4; the image's tokens are not scored
+    and positions count text tokens from 1."""
+    import torch
+
+    from canary_audit.model.vision import IMAGE_PAD, VISION_TOKENS
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.passes import score_tokens
+
+    spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
+    items = scored_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    got = score_tokens(model, tok, items, batch_size=7, vision=vision)
+    special = set(tok.convert_tokens_to_ids(list(VISION_TOKENS)))
+    rows = []
+    for it in items:
+        ids = torch.tensor([tok(it.text, add_special_tokens=False)["input_ids"]])
+        pixels, grid = vision.pixels(it.image)
+        with torch.no_grad():
+            logits = model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+                           mm_token_type_ids=(ids == tok.convert_tokens_to_ids(IMAGE_PAD)).int()).logits
+        logp = logits[0, :-1].log_softmax(-1)
+        target = ids[0, 1:]
+        kept = [j for j, t in enumerate(target.tolist()) if t not in special]
+        for n, j in enumerate(kept, start=1):
+            lp = logp[j].double()
+            mean = float((lp.exp() * lp).sum())
+            rows.append({"probe_set": it.probe_set, "item_id": it.item_id, "position": n,
+                         "logprob": float(lp[target[j]]), "rank": int((lp > lp[target[j]]).sum()) + 1,
+                         "top1_id": int(lp.argmax()), "top1_logprob": float(lp.max()), "vocab_mean_logprob": mean,
+                         "vocab_var_logprob": float((lp.exp() * lp.square()).sum()) - mean**2})
+    want = pl.DataFrame(rows).with_columns(pl.col("rank", "top1_id").cast(pl.Int32),
+                                           pl.col("^.*logprob$").cast(pl.Float32), position=pl.col("position").cast(pl.Int32))
+    keys = ["probe_set", "item_id", "position"]
+    assert got.height == want.height
+    assert_token_records_close(got.select(want.columns).sort(keys), want.sort(keys))
+    assert set(got["modality"]) == {"text", "image"} and got["image_hash"].null_count() == 0
+    assert got.filter(pl.col("position") == 1)["token_text"].str.contains("vision|image_pad").sum() == 0
+
+
+def test_greedy_decoding_with_images_equals_generate(tiny_vl_assets):
+    """The batched argmax loop (left padding, the model's 3-D positions for
+    the prompt, text positions after it) writes what `generate` writes."""
+    import torch
+
+    from canary_audit.probes.items import decode_items
+    from canary_audit.probes.passes import generate_greedy
+
+    spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
+    items = decode_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    assert {it.modality for it in items} == {"text", "image"}
+    got, _ = generate_greedy(model, tok, [it.prompt for it in items], 12, batch_size=4,
+                             images=[it.image for it in items], vision=vision)
+    for it, (ids, _hit_eos) in zip(items, got):
+        enc = torch.tensor([tok(it.prompt, add_special_tokens=False)["input_ids"]])
+        pictures = vision.forward_kwargs(enc, [it.image], "cpu")
+        with torch.no_grad():
+            ref = model.generate(input_ids=enc, attention_mask=torch.ones_like(enc), max_new_tokens=12,
+                                 do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                 **pictures)[0, enc.shape[1]:].tolist()
+        if tok.eos_token_id in ref:
+            ref = ref[: ref.index(tok.eos_token_id)]
+        assert ids == ref, it.item_id
+
+
+def test_the_lora_reaches_the_language_tower_only(tiny_vl_assets):
+    from peft import get_peft_model
+
+    from canary_audit.train.lora import lora_config
+
+    *_, model = _vl(tiny_vl_assets)
+    peft = get_peft_model(model, lora_config({"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "qkv"]},
+                                             vision=True))
+    names = [n for n, _ in peft.named_modules() if n.endswith("lora_A")]
+    assert names and all("language_model" in n for n in names)
+    assert not any("visual" in n for n, p in peft.named_parameters() if p.requires_grad)
+
+
+def test_vision_flags_and_images_that_cannot_be_fed_are_refused(tiny_assets, tiny_vl_assets, tmp_path):
+    from PIL import Image
+
+    from canary_audit.data.images import check_image
+    from canary_audit.model.loading import ModelLoadError, check_checkpoint
+    from canary_audit.model.spec import ModelSpec
+
+    with pytest.raises(ModelLoadError, match=r"`models.tiny.vision` is true, but .* declares no vision tower"):
+        check_checkpoint(ModelSpec("tiny", tiny_assets[1], vision=True))
+    with pytest.raises(ModelLoadError, match=r"is a vision-language checkpoint .* set `models.vl.vision: true`"):
+        check_checkpoint(ModelSpec("vl", tiny_vl_assets[1]))
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_vl_assets[1], bare)
+    (bare / "preprocessor_config.json").unlink()
+    with pytest.raises(ModelLoadError, match=r"has no preprocessor_config.json"):
+        check_checkpoint(ModelSpec("vl", bare, vision=True))
+    grey = tmp_path / "grey.png"
+    Image.new("L", (56, 56)).save(grey)
+    with pytest.raises(ValueError, match=r"grey.png` is L 56x56; the audit feeds RGB 56x56"):
+        check_image(grey, "image input")
+    big = tmp_path / "big.png"
+    Image.new("RGB", (112, 56)).save(big)
+    with pytest.raises(ValueError, match=r"is RGB 112x56"):
+        check_image(big, "image input")
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    with pytest.raises(ValueError, match=r"broken.png` cannot be read"):
+        check_image(broken, "image input")
+    spec, tok, fmt, vision, _ = _vl(tiny_vl_assets)
+    with pytest.raises(ValueError, match=r"grey.png"):
+        vision.pixels(str(grey))
+    assert dataclasses.replace(spec, vision=False).vision is False
