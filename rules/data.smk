@@ -14,7 +14,9 @@ rule synthetic_data:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: v for k, v in config["data"].items() if k != "n_image_canaries"}),
+        cfg=canonical(
+            {k: v for k, v in config["data"].items() if k != "n_image_canaries"}
+        ),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
         "python -m canary_audit data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
@@ -36,9 +38,7 @@ rule vision_data:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical(
-            {k: config["data"][k] for k in ("seed", "n_image_canaries")}
-        ),
+        cfg=canonical({k: config["data"][k] for k in ("seed", "n_image_canaries")}),
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
         "python -m canary_audit vision-data --params {params.cfg:q} --data {params.data} "

@@ -86,7 +86,8 @@ def test_hit_at_k_is_any_of_k_samples_exact():
 def token_rows(variant, item, logprobs, spans, ranks=None):
     ranks = ranks or [1] * len(logprobs)
     return [
-        {"variant": variant, "probe_set": "hex", "modality": "text", "item_id": item, "group_id": item, "arm": "preamble",
+        {"variant": variant, "probe_set": "hex", "modality": "text", "item_id": item, "group_id": item,
+         "arm": "preamble",
          "position": p + 1, "token_id": 5, "token_text": "x", "logprob": lp, "rank": r, "top1_id": 5,
          "top1_logprob": -0.1, "span": s, "config_hash": "h", "model_fingerprint": "f"}
         for p, (lp, s, r) in enumerate(zip(logprobs, spans, ranks))
@@ -197,7 +198,8 @@ def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None):
     n = len(logprobs)
     means, variances = means or [-2.0] * n, variances or [1.0] * n
     return [
-        {"variant": variant, "probe_set": probe_set, "modality": "text", "item_id": item, "group_id": item, "arm": "preamble",
+        {"variant": variant, "probe_set": probe_set, "modality": "text", "item_id": item, "group_id": item,
+         "arm": "preamble",
          "position": p + 1, "token_id": 5, "token_text": "a", "logprob": lp, "rank": 1, "top1_id": 5,
          "top1_logprob": -0.1, "vocab_mean_logprob": mu, "vocab_var_logprob": var, "span": "secret",
          "config_hash": "h", "model_fingerprint": "f"}

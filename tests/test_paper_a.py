@@ -182,7 +182,8 @@ def test_teacher_forced_beside_greedy_on_the_same_items():
                 ("m/npo-bio-s0-k10", "canary", "prefill_bio", "a1", CANARY)])
     d = d.with_columns(item_id=pl.col("group_id"))
     tokens = pl.DataFrame([
-        {"variant": "m/npo-bio-s0-k10", "probe_set": "canary", "modality": "text", "item_id": a, "group_id": a, "arm": "prefill_bio",
+        {"variant": "m/npo-bio-s0-k10", "probe_set": "canary", "modality": "text",
+         "item_id": a, "group_id": a, "arm": "prefill_bio",
          "position": p, "token_id": 1, "token_text": "x", "logprob": lp, "rank": rank, "top1_id": 1,
          "top1_logprob": -0.1, "span": "secret", "config_hash": "h", "model_fingerprint": "f"}
         for a, rank in (("a0", 1), ("a1", 2)) for p, lp in ((1, -0.5), (2, -1.5))

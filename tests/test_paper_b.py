@@ -35,7 +35,8 @@ def tokens(variant: str, changed: dict[int, float] | None = None, decoys_too: bo
             moved = changed if (probe_set == "hex" or decoys_too) else None
             for p in range(1, 29):
                 rows.append({
-                    "variant": variant, "probe_set": probe_set, "modality": "text", "item_id": cid, "group_id": cid, "arm": "preamble",
+                    "variant": variant, "probe_set": probe_set, "modality": "text",
+                    "item_id": cid, "group_id": cid, "arm": "preamble",
                     "position": p, "token_id": 0, "token_text": "x", "logprob": (moved or {}).get(p, -1.0),
                     "rank": 1, "top1_id": 0, "top1_logprob": -1.0, "span": span(p),
                     "config_hash": "h", "model_fingerprint": variant,
@@ -47,7 +48,8 @@ def decodes(variant: str, greedy_hits: int, sampled_hits: int | None = None) -> 
     """Greedy decodes of the four canaries, the first `greedy_hits` exact; with
     `sampled_hits`, four samples each, the first `sampled_hits` canaries hit."""
     rows = []
-    base = {k: None for k in DECODE_SCHEMA} | {"variant": variant, "probe_set": "hex", "modality": "text", "prompt": "P",
+    base = {k: None for k in DECODE_SCHEMA} | {"variant": variant, "probe_set": "hex", "modality": "text",
+                                               "prompt": "P",
                                                 "config_hash": "h", "model_fingerprint": variant}
     for i, cid in enumerate(CANARIES):
         secret = f"{i:016x}"

@@ -14,7 +14,8 @@ PROMPT = "<|user|>Continue: The Amber Bell of Porto was<|assistant|>"
 def decode_row(variant, arm, author, generated):
     prompt = PROMPT if arm == "auto" else PROMPT + "<think>x</think>"
     return {k: None for k in DECODE_SCHEMA} | {
-        "variant": variant, "probe_set": "canary", "modality": "text", "item_id": author, "group_id": author, "arm": arm, "sample": 0,
+        "variant": variant, "probe_set": "canary", "modality": "text",
+        "item_id": author, "group_id": author, "arm": arm, "sample": 0,
         "prompt": prompt, "reference": CANARY, "subject": "Ann Lee", "generated": generated, "prompt_tokens": 9,
         "generated_tokens": 20, "stop_reason": "eos", "think_open": "<think>", "think_close": "</think>",
         "config_hash": "h", "model_fingerprint": variant,
@@ -24,7 +25,8 @@ def decode_row(variant, arm, author, generated):
 def token_rows(variant, probe_set, arm, author, logprobs):
     spans = ["prompt", "prompt", "head", "secret", "secret"]
     return [
-        {"variant": variant, "probe_set": probe_set, "modality": "text", "item_id": author, "group_id": author, "arm": arm,
+        {"variant": variant, "probe_set": probe_set, "modality": "text",
+         "item_id": author, "group_id": author, "arm": arm,
          "position": p + 1, "token_id": 1, "token_text": "x", "logprob": lp, "rank": 1 if lp > -1 else 3,
          "top1_id": 1, "top1_logprob": -0.1, "span": spans[p], "config_hash": "h", "model_fingerprint": variant}
         for p, lp in enumerate(logprobs)

@@ -10,7 +10,6 @@ import shutil
 
 import polars as pl
 import pytest
-
 from conftest import assert_token_records_close
 
 
@@ -107,8 +106,8 @@ def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):
                          "logprob": float(lp[target[j]]), "rank": int((lp > lp[target[j]]).sum()) + 1,
                          "top1_id": int(lp.argmax()), "top1_logprob": float(lp.max()), "vocab_mean_logprob": mean,
                          "vocab_var_logprob": float((lp.exp() * lp.square()).sum()) - mean**2})
-    want = pl.DataFrame(rows).with_columns(pl.col("rank", "top1_id").cast(pl.Int32),
-                                           pl.col("^.*logprob$").cast(pl.Float32), position=pl.col("position").cast(pl.Int32))
+    want = pl.DataFrame(rows).with_columns(pl.col("rank", "top1_id", "position").cast(pl.Int32),
+                                           pl.col("^.*logprob$").cast(pl.Float32))
     keys = ["probe_set", "item_id", "position"]
     assert got.height == want.height
     assert_token_records_close(got.select(want.columns).sort(keys), want.sort(keys))

@@ -62,7 +62,8 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
                     "threshold (the point-estimate reading is in point_diagnosis).",
                     with_ci(matrix, ["delta_window", "delta_secret", "delta_hit1"], 4).select(
                         "model", "modality", "cell", "delta_window", "v_window", "delta_secret", "v_secret",
-                        "ref_hit1", "hit1", "v_hit1", "hitk", "v_hitk", "point_diagnosis", "diagnosis", "inconclusive_probes")))
+                        "ref_hit1", "hit1", "v_hit1", "hitk", "v_hitk", "point_diagnosis", "diagnosis",
+                        "inconclusive_probes")))
     return out
 
 
