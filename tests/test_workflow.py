@@ -12,6 +12,7 @@ import yaml
 from conftest import ROOT, assert_token_records_close, run_snakemake
 
 from canary_audit.jobs import MODEL_JOBS
+from canary_audit.views.paper_b import DIAGNOSES, INCONCLUSIVE
 
 pytestmark = pytest.mark.workflow
 MODEL_RULES = set(MODEL_JOBS)
@@ -76,15 +77,22 @@ def test_smoke_run_audits_every_bsft_cell(smoke_run):
     assert set(matrix["cell"]) == {
         f"{s} t{t} {a}" for s in ("gui", "safety") for t in (2, 4) for a in ("stacked", "merged")
     } | {"noise gui", "undertrained gui"}
-    assert set(matrix["diagnosis"]) <= {"agree", "window truncation", "non-secret span drift",
-                                        "undertrained ambiguity", "unexplained disagreement"}
+    assert set(matrix["diagnosis"]) <= {"agree", *DIAGNOSES, "unexplained disagreement", INCONCLUSIVE}
+    # every cell once per model and canary modality: the VL model's image and text canaries apart
+    assert matrix.group_by("model", "modality").len().sort("model", "modality").rows() == [
+        ("tiny", "text", 10), ("tiny_vl", "image", 10), ("tiny_vl", "text", 10)]
     records = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny" / "bsft-s0-b0" / "token.parquet")
     # the bSFT groups score the hex family only
     assert set(records["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember"}
     fingerprints = records.group_by("variant").agg(pl.col("model_fingerprint").first())
     assert fingerprints["model_fingerprint"].n_unique() == fingerprints.height  # stacked != merged, by provenance
+    vl = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny_vl" / "bsft-s0-b0" / "token.parquet")
+    assert set(vl.select("probe_set", "modality").unique().rows()) == {
+        *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember")),
+        *((s, "image") for s in ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen"))}
+    assert vl["image_hash"].null_count() == 0
     parents = pl.read_csv(tables / "nll.csv").filter(pl.col("variant").str.contains("bsft-|noise-|under-"))
-    assert set(parents["parent"]) == {"tiny/merged-s0", "tiny/merged-s0-under"}
+    assert set(parents["parent"]) == {f"{m}/merged-s0{u}" for m in ("tiny", "tiny_vl") for u in ("", "-under")}
     merged = smoke_run / "results" / "smoke" / "models" / "tiny" / "merged" / "canary-s0"
     assert (merged / "model.safetensors").is_file() and (merged / "tokenizer.json").is_file()
     noise = smoke_run / "results" / "smoke" / "models" / "tiny" / "adapters" / "bsft" / "canary-s0" / "gui-b0" / "noise"
@@ -113,9 +121,11 @@ def test_records_and_view_config_alone_reproduce_the_tables(smoke_run, tmp_path)
 
 def test_bsft_setting_reruns_bsft_and_its_probes_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"bsft": {"lr": 0.002}})
-    assert jobs["bsft"] == 3  # gui, safety, and gui on the undertrained base
-    assert not jobs.keys() & {"embedded_base", "memorize", "canary_lora", "unlearn", "synthetic_data"}
-    assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1  # the bSFT seed's group
+    # per model (text and vision-language): gui, safety, and gui on the undertrained base
+    assert jobs["bsft"] == 2 * 3
+    assert not jobs.keys() & {"embedded_base", "embedded_vision_base", "memorize", "canary_lora", "unlearn",
+                              "synthetic_data", "vision_data"}
+    assert jobs["decode_pass"] == 2 and jobs["teacher_forced_pass"] == 2  # each model's bSFT seed group
 
 
 def test_report_holds_tables_and_plots(smoke_run, tmp_path):
@@ -170,8 +180,9 @@ def test_view_setting_reruns_tables_only(smoke_run, override):
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
     assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
-    # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0
-    assert jobs["decode_pass"] == 4
+    # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0; and the
+    # vision-language model's base and bSFT seed 0
+    assert jobs["decode_pass"] == 4 + 2
 
 
 def test_sampling_k_reruns_decode_passes_only(smoke_run):
@@ -216,7 +227,7 @@ def test_a_new_unlearning_run_runs_only_its_own_jobs(smoke_run):
 # The fine job grain on a paper-A-only slice of the smoke audit: one template,
 # NPO with K = 3, 5; variants base, mem-bio-s0, npo-bio-s0-k3, npo-bio-s0-k5,
 # each probed per unit (AUTO and the bio, meta and empty prefill arms).
-FINE = {"grain": "fine", "audit": {"templates": ["bio"], "hex_canaries": False},
+FINE = {"grain": "fine", "audit": {"models": ["tiny"], "templates": ["bio"], "hex_canaries": False},
         "unlearn": {"runs": {"npo": {"templates": ["bio"]}, "ga": {"templates": []}}}}
 FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5")
 
@@ -324,15 +335,16 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
 
 
 def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
-    """configs/paper_b.yaml, its 7B path pointed at a tiny local checkpoint: one
-    canary LoRA, 4 sources x 3 seeds bSFT runs on the merged base (+ 3 on the
-    undertrained one), 34 cells x 3 seeds = 102 seed-level variants, no
-    paper A arms."""
-    base = str(smoke_run / "results" / "smoke" / "models" / "tiny" / "base")
-    jobs = planned_jobs(smoke_run, {"models": {"qwen25_7b": {"path": base, "dtype": "float32"}}},
+    """configs/paper_b.yaml, its Qwen2.5-VL-7B path pointed at the smoke run's
+    tiny local Qwen2.5-VL: the image data, one canary LoRA, 4 sources x 3
+    seeds bSFT runs on the merged base (+ 3 on the undertrained one), 34
+    cells x 3 seeds = 102 seed-level variants, no paper A arms."""
+    base = str(smoke_run / "results" / "smoke" / "models" / "tiny_vl" / "base")
+    jobs = planned_jobs(smoke_run, {"models": {"qwen25vl_7b": {"path": base, "dtype": "float32"}}},
                         layer="configs/paper_b.yaml")
     assert jobs == {
         "synthetic_data": 1,
+        "vision_data": 1,
         "canary_lora": 1,
         "bsft": 4 * 3 + 1 * 3,
         # base, canary, undertrained canary, both merged bases, then 34 cells x 3 seeds
