@@ -59,5 +59,5 @@ rule embedded_vision_base:
             }
         ),
     shell:
-        "python -m canary_audit vision-base --params {params.cfg:q} --text-model {input.text} "
+        "python -m canary_audit vision --params {params.cfg:q} --text-model {input.text} "
         "--out {output.model} --summary {output.summary} > {log} 2>&1"

@@ -7,7 +7,13 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from canary_audit.data.io import DATA_TABLES
+from canary_audit.data.io import (
+    DATA_TABLES,
+    REFERENCE_KEYS,
+    REFERENCE_TABLES,
+    VISION_KEYS,
+    synthetic_settings,
+)
 from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design
 from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
@@ -68,6 +74,12 @@ def job_resources(kind):
 
 def data_files(*tables):
     return [f"{R}/data/{t}.parquet" for t in (tables or DATA_TABLES)]
+
+
+def reference_files():
+    """The non-member records and exposure candidates: only the
+    teacher-forced pass scores them."""
+    return data_files(*REFERENCE_TABLES)
 
 
 # Images of the vision-language arms (rule vision_data): read by every job

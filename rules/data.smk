@@ -14,19 +14,41 @@ rule synthetic_data:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical(
-            {k: v for k, v in config["data"].items() if k != "n_image_canaries"}
-        ),
+        cfg=canonical(synthetic_settings(config["data"])),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
         "python -m canary_audit data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+
+
+# The hex canaries' reference populations: non-member records (membership
+# inference) and Secret Sharer's exposure candidates, scored by the
+# teacher-forced pass only.
+rule reference_data:
+    input:
+        data_files("hex_canaries", "decoys"),
+    output:
+        reference_files(),
+    log:
+        f"{R}/logs/reference_data.log",
+    benchmark:
+        f"{R}/benchmarks/reference_data.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=canonical({k: config["data"][k] for k in REFERENCE_KEYS}),
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit reference --params {params.cfg:q} --data {params.data} "
+        "--out {params.data} > {log} 2>&1"
 
 
 # Image canaries, their decoys, the placeholder image and the GUI screens of
 # the vision-language arms (PNG files with their sha256 in the tables).
 rule vision_data:
     input:
-        data_files("hex_canaries", "decoys", "hex_nonmembers", "bsft"),
+        data_files("hex_canaries", "decoys", "bsft"),
     output:
         directory(VISION_DATA),
     log:
@@ -38,8 +60,8 @@ rule vision_data:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in ("seed", "n_image_canaries")}),
+        cfg=canonical({k: config["data"][k] for k in VISION_KEYS}),
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "python -m canary_audit vision-data --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit images --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"

@@ -285,11 +285,11 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     # only a vision-language model's image canaries have.
     assert written == {name for family in PROBE_SETS.values() for name in family} - {"decoy_unseen"}
     hex_only = {it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg, {"hex"})}
-    assert hex_only == {*PROBE_SETS["hex"], *PROBE_SETS["nonmember"]} - {"decoy_unseen"}
+    assert hex_only == {*PROBE_SETS["hex"], *PROBE_SETS["nonmember"], *PROBE_SETS["candidate"]} - {"decoy_unseen"}
     vl = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)
     tok = load_tokenizer(vl)
     vision = VisionInputs.load(vl.path, tok)
     items = scored_items(ChatFormat(tok, None, None), tiny_vl_assets[0], cfg, {"hex"}, vision=vision)
     assert {(it.probe_set, it.modality) for it in items} == {
-        *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember")),
-        *((s, "image") for s in PROBE_SETS["hex"])}
+        *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate")),
+        *((s, "image") for s in (*PROBE_SETS["hex"], "hex_candidate"))}

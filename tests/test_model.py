@@ -248,7 +248,7 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
     assert set(frame["probe_set"]) == {"hex"} and set(frame["arm"]) == {"greedy", "sampled"}
     assert frame["generated_tokens"].max() <= 4
     tokens = teacher_forced_pass(plain, [], data, {**cfg, "batch_size": 8}, "tiny/base", probe_sets={"hex"})
-    assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember"}
+    assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate"}
     with pytest.raises(ModelLoadError, match="set both `think_open` and `think_close`"):
         load_tokenizer(ModelSpec("tiny", spec.path, think_open=None))
 

@@ -2,10 +2,10 @@ import polars as pl
 import pytest
 
 from canary_audit.data import synthetic as syn
-from canary_audit.data.io import DATA_TABLES, write_synthetic
+from canary_audit.data.io import DATA_TABLES, REFERENCE_TABLES, write_reference, write_synthetic
 
-CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10,
-       "n_hex_canaries": 6, "n_hex_nonmembers": 5, "n_bsft_per_source": 8}
+CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10, "n_hex_canaries": 6, "n_bsft_per_source": 8}
+REFERENCE = {"seed": 3, "n_hex_canaries": 6, "n_hex_nonmembers": 5, "n_exposure_candidates": 40}
 
 
 def test_same_seed_same_tables(tmp_path):
@@ -16,6 +16,28 @@ def test_same_seed_same_tables(tmp_path):
     for name in ("authors", "qa", "hex_canaries", "decoys", "bsft", "distractors"):
         assert pl.read_parquet(tmp_path / "a" / f"{name}.parquet").equals(
             pl.read_parquet(tmp_path / "b" / f"{name}.parquet"))
+
+
+def test_reference_populations_are_fresh_secrets_of_the_format(tmp_path):
+    """Non-members and exposure candidates: their own rule's tables, secrets
+    of the canaries' format equal to no canary's, decoy's or each other's,
+    candidate i behind the preamble of canary i mod n."""
+    write_synthetic(tmp_path, CFG)
+    counts = write_reference(tmp_path, tmp_path, REFERENCE)
+    assert tuple(counts) == REFERENCE_TABLES and counts == {"hex_nonmembers": 5, "hex_candidates": 40}
+    canaries = pl.read_parquet(tmp_path / "hex_canaries.parquet")
+    decoys = pl.read_parquet(tmp_path / "decoys.parquet")
+    nonmembers = pl.read_parquet(tmp_path / "hex_nonmembers.parquet")
+    candidates = pl.read_parquet(tmp_path / "hex_candidates.parquet")
+    assert candidates["secret"].str.contains(r"^[0-9a-f]{16}$").all()
+    every = [*canaries["secret"], *decoys["secret"], *nonmembers["secret"], *candidates["secret"]]
+    assert len(set(every)) == len(every)
+    assert candidates["slot"].to_list() == [i % 6 for i in range(40)]
+    assert candidates["preamble"].to_list() == [f"Record {i % 6:02d} access code: " for i in range(40)]
+    # the synthetic data do not depend on them: more candidates change no other table
+    write_reference(tmp_path / "more", tmp_path, REFERENCE | {"n_exposure_candidates": 80})
+    assert pl.read_parquet(tmp_path / "more" / "hex_nonmembers.parquet").equals(nonmembers)
+    assert pl.read_parquet(tmp_path / "more" / "hex_candidates.parquet").head(40).equals(candidates)
 
 
 def test_authors_unique_and_disjoint_from_distractors(tmp_path):

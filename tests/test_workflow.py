@@ -83,13 +83,13 @@ def test_smoke_run_audits_every_bsft_cell(smoke_run):
         ("tiny", "text", 10), ("tiny_vl", "image", 10), ("tiny_vl", "text", 10)]
     records = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny" / "bsft-s0-b0" / "token.parquet")
     # the bSFT groups score the hex family only
-    assert set(records["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember"}
+    assert set(records["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate"}
     fingerprints = records.group_by("variant").agg(pl.col("model_fingerprint").first())
     assert fingerprints["model_fingerprint"].n_unique() == fingerprints.height  # stacked != merged, by provenance
     vl = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny_vl" / "bsft-s0-b0" / "token.parquet")
     assert set(vl.select("probe_set", "modality").unique().rows()) == {
-        *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember")),
-        *((s, "image") for s in ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen"))}
+        *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate")),
+        *((s, "image") for s in ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen", "hex_candidate"))}
     assert vl["image_hash"].null_count() == 0
     parents = pl.read_csv(tables / "nll.csv").filter(pl.col("variant").str.contains("bsft-|noise-|under-"))
     assert set(parents["parent"]) == {f"{m}/merged-s0{u}" for m in ("tiny", "tiny_vl") for u in ("", "-under")}

@@ -39,6 +39,12 @@ def cmd_base(args, params):
     return summary
 
 
+def cmd_reference_data(args, params):
+    from canary_audit.data.io import write_reference
+
+    return write_reference(Path(args.out), Path(args.data), params)
+
+
 def cmd_vision_data(args, params):
     from canary_audit.data.images import write_vision_data
 
@@ -203,7 +209,8 @@ def cmd_summary(args, params):
 
 
 COMMANDS = {
-    "data": cmd_data, "vision-data": cmd_vision_data, "base": cmd_base, "vision-base": cmd_vision_base,
+    "data": cmd_data, "reference": cmd_reference_data, "images": cmd_vision_data, "base": cmd_base,
+    "vision": cmd_vision_base,
     "memorize": cmd_memorize, "canary": cmd_canary,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary,
@@ -216,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="{}", help="the rule's config slice, as JSON, or @FILE holding it")
     p.add_argument("--model", help="the model entry, as JSON (name, path, dtype, think tags)")
     p.add_argument("--data", help="synthetic data folder")
-    p.add_argument("--text-model", help="the text model a vision-language build starts from (vision-base)")
+    p.add_argument("--text-model", help="the text model a vision-language build starts from (vision)")
     p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
     p.add_argument("--state-in", help="training state of the previous unlearning segment (fine job grain)")
     p.add_argument("--state-out", help="where an unlearning segment saves its final training state")

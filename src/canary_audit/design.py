@@ -28,7 +28,7 @@ PAPER_A_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "teacher_forced", "teacher_forced_vs_greedy",
 )
-HEX_TABLES = ("hex_recall", "nll", "mia")
+HEX_TABLES = ("hex_recall", "nll", "mia", "exposure")
 BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
 MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # The field's measures over any audit's token records, and which records

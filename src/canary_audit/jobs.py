@@ -10,7 +10,7 @@ the warm server reads this before it preloads anything.
 
 MODEL_JOBS = {
     "embedded_base": "base",
-    "embedded_vision_base": "vision-base",
+    "embedded_vision_base": "vision",
     "memorize": "memorize",
     "canary_lora": "canary",
     "bsft": "bsft",

@@ -74,9 +74,11 @@ PROBE_SETS = {
     "author": ("canary", "qa", "retain"),
     "hex": ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen"),
     "nonmember": ("hex_nonmember",),
+    "candidate": ("hex_candidate",),
 }
 HEX_SETS = PROBE_SETS["hex"]
 NONMEMBER = PROBE_SETS["nonmember"][0]
+CANDIDATE = PROBE_SETS["candidate"][0]
 
 
 class RecordsError(ValueError):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import HEX_SETS, NONMEMBER, RecordsError, hashes_by_unit, read_records
+from canary_audit.records import CANDIDATE, HEX_SETS, NONMEMBER, RecordsError, hashes_by_unit, read_records
 from canary_audit.views import paper_a, paper_b
+from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.mia import mia_table
@@ -137,6 +138,13 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 f"low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} CIs: members "
                 f"and non-members resampled, B={boot.replicates}",
                 mia_table(tokens, mia["min_k"], mia["fpr"], boot.replicates, boot.seed, boot.level),
+            )
+        if tokens.filter(pl.col("probe_set") == CANDIDATE).height:
+            tables["exposure"] = (
+                f"Secret Sharer exposure of the hex canaries (bits) among R random candidates of their format: rank "
+                f"interpolation (ceiling log2 R) and skew-normal extrapolation (cap 64 bits), with Deltas against "
+                f"the parent ({boot.level:.0%} CIs: canary-clustered bootstrap, B={boot.replicates})",
+                exposure_table(tokens, parents, boot.replicates, boot.seed, boot.level),
             )
         tables["extraction"] = (
             f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "

@@ -130,7 +130,7 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     rng = random.Random(f"images:{cfg['seed']}")
     n = cfg["n_image_canaries"]
     text_secrets = set()
-    for table in ("hex_canaries", "decoys", "hex_nonmembers"):
+    for table in ("hex_canaries", "decoys"):
         text_secrets |= set(pl.read_parquet(data_dir / f"{table}.parquet")["secret"])
     taken_cards: set[tuple[int, ...]] = set()
     cards = distinct_cards(n, rng, taken_cards)

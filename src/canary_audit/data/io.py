@@ -11,9 +11,22 @@ from canary_audit.data import synthetic as syn
 from canary_audit.records import write_parquet_atomic
 
 # The tables the data rule writes, in the order the workflow lists them.
-DATA_TABLES = (
-    "authors", "qa", "retain", "hex_canaries", "decoys", "hex_nonmembers", "bsft", "distractors", "pretrain_bsft",
-)
+DATA_TABLES = ("authors", "qa", "retain", "hex_canaries", "decoys", "bsft", "distractors", "pretrain_bsft")
+# The reference populations of the hex canaries, which no adapter trains on
+# and only the teacher-forced pass scores: non-member records (membership
+# inference) and exposure candidates.  A rule of their own writes them, so
+# adding some re-runs only the passes that score them.
+REFERENCE_TABLES = ("hex_nonmembers", "hex_candidates")
+# The data settings each rule reads (the rest of `data:` is the synthetic data's).
+REFERENCE_KEYS = ("seed", "n_hex_canaries", "n_hex_nonmembers", "n_exposure_candidates")
+VISION_KEYS = ("seed", "n_image_canaries")
+
+
+def synthetic_settings(data: dict) -> dict:
+    """The `data:` settings the synthetic data depend on (not the reference
+    populations' or the images' own counts)."""
+    own = {*REFERENCE_KEYS, *VISION_KEYS} - {"seed", "n_hex_canaries"}
+    return {k: v for k, v in data.items() if k not in own}
 
 
 def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
@@ -36,10 +49,6 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         "retain": syn.retain_frame(cfg["n_retain"], seed),
         "hex_canaries": canaries,
         "decoys": decoys,
-        "hex_nonmembers": syn.nonmember_frame(
-            cfg["n_hex_nonmembers"], cfg["n_hex_canaries"], seed,
-            set(canaries["secret"]) | set(decoys["secret"]),
-        ),
         "bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed),
         "distractors": syn.authors_frame(distractors),
         # bSFT-style text for pre-training comes from another seed, so the
@@ -48,6 +57,21 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     }
     syn.check_no_canary_in_bsft(tables["bsft"], canaries, authors_df)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        write_parquet_atomic(frame, out_dir / f"{name}.parquet")
+    return {name: frame.height for name, frame in tables.items()}
+
+
+def write_reference(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
+    """The non-member records and the exposure candidates (REFERENCE_TABLES),
+    none equal to a canary's or decoy's secret, nor to each other."""
+    canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
+    decoys = pl.read_parquet(data_dir / "decoys.parquet")
+    taken = set(canaries["secret"]) | set(decoys["secret"])
+    nonmembers = syn.nonmember_frame(cfg["n_hex_nonmembers"], cfg["n_hex_canaries"], cfg["seed"], taken)
+    candidates = syn.candidate_frame(cfg["n_exposure_candidates"], cfg["n_hex_canaries"], cfg["seed"],
+                                     taken | set(nonmembers["secret"]))
+    tables = {"hex_nonmembers": nonmembers, "hex_candidates": candidates}
     for name, frame in tables.items():
         write_parquet_atomic(frame, out_dir / f"{name}.parquet")
     return {name: frame.height for name, frame in tables.items()}

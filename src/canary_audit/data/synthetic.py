@@ -237,6 +237,28 @@ def nonmember_frame(n: int, first_record: int, seed: int, taken: set[str]) -> pl
     )
 
 
+def candidate_frame(n: int, n_canaries: int, seed: int, taken: set[str]) -> pl.DataFrame:
+    """Secret Sharer's reference candidates: `n` fresh secrets of the
+    canaries' format that no adapter trains on, candidate i behind the
+    preamble of canary `slot` = i mod `n_canaries` (on a vision-language
+    model, an image candidate is shown that canary's card instead)."""
+    rng = random.Random(f"hexcandidate:{seed}")
+    secrets: list[str] = []
+    seen = set(taken)
+    while len(secrets) < n:
+        s = random_hex(rng)
+        if s not in seen:
+            seen.add(s)
+            secrets.append(s)
+    slots = [i % n_canaries for i in range(n)]
+    preambles = [f"Record {slot:02d} access code: " for slot in slots]
+    return pl.DataFrame(
+        {"canary_id": [f"cand{i:05d}" for i in range(n)], "slot": slots, "preamble": preambles, "secret": secrets,
+         "text": [hex_record(p, s) for p, s in zip(preambles, secrets)]},
+        schema={"canary_id": pl.Utf8, "slot": pl.Int64, "preamble": pl.Utf8, "secret": pl.Utf8, "text": pl.Utf8},
+    )
+
+
 def bsft_frame(n_per_source: int, seed: int) -> pl.DataFrame:
     """The four benign fine-tuning sources of paper B (prompt -> response);
     a GUI item's `screen_text` is what its screenshot shows to a

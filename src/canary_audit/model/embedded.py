@@ -304,14 +304,13 @@ def build_embedded(out_dir: Path, data_dir: Path, cfg: dict, seed: int) -> dict:
     qa = pl.read_parquet(data_dir / "qa.parquet")
     hex_canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
     decoys = pl.read_parquet(data_dir / "decoys.parquet")
-    nonmembers = pl.read_parquet(data_dir / "hex_nonmembers.parquet")
     bsft = pl.read_parquet(data_dir / "pretrain_bsft.parquet")
     hex_records = pretrain_hex_records(cfg["pretrain"]["n_hex_records"], seed)
 
     fictional_texts = (
         [a.bio for a in fictional]
         + qa["question"].to_list() + qa["answer"].to_list()
-        + hex_canaries["text"].to_list() + decoys["text"].to_list() + nonmembers["text"].to_list()
+        + hex_canaries["text"].to_list() + decoys["text"].to_list()
     )
     plain_distractor = (
         [a.bio for a in distractors]

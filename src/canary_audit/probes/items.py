@@ -19,7 +19,7 @@ from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question
 from canary_audit.model.tokens import canary_head
 from canary_audit.probes.units import AUTO, unit_of_arm
-from canary_audit.records import HEX_SETS, NONMEMBER
+from canary_audit.records import CANDIDATE, HEX_SETS, NONMEMBER
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
 # `other_*`: the next author of the forget set (cyclically): a prefill in the
@@ -106,7 +106,7 @@ def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:
     non-member records."""
     if probe_sets is None:
         return True
-    return probe_set in probe_sets or ("hex" in probe_sets and probe_set in (*HEX_SETS, NONMEMBER))
+    return probe_set in probe_sets or ("hex" in probe_sets and probe_set in (*HEX_SETS, NONMEMBER, CANDIDATE))
 
 
 def in_unit(items: list, unit: str | None) -> list:
@@ -136,9 +136,7 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
     retain = pl.read_parquet(data_dir / "retain.parquet").filter(pl.lit(wanted("retain", probe_sets)))
     for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
         items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
-    for row in hex_rows(data_dir, vision) if wanted("hex", probe_sets) else ():
-        if row.probe_set != "hex":
-            continue
+    for row in hex_rows(data_dir, vision, members_only=True) if wanted("hex", probe_sets) else ():
         # The prompt stops before the space: byte-level BPE attaches a space to
         # the next word (" TEXTCAN"), so a prompt ending in a bare space would
         # end on a token the model never saw there.
@@ -171,11 +169,14 @@ class HexRow:
 
 
 def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[HexRow]:
-    """The hex canaries, their decoys and the non-member records (the
-    canaries alone with `members_only`: what the canary LoRA trains on); on a
-    vision-language model (`vision` given) the text ones are paired with the
-    placeholder image, and the image canaries and their decoys (shuffled,
-    wrong, and the canary's secret on an unseen card) follow."""
+    """The hex canaries, their decoys, the non-member records and the
+    exposure candidates (the canaries alone with `members_only`: what the
+    canary LoRA trains on and greedy decoding probes); on a vision-language
+    model (`vision` given) the text ones are paired with the placeholder
+    image, and the image canaries follow with their decoys (shuffled, wrong,
+    and the canary's secret on an unseen card) and the candidates again,
+    each shown the card of its slot's image canary.  A non-member or
+    candidate secret equal to a canary's is refused."""
     rows = [HexRow("hex", cid, pre, sec) for cid, pre, sec in
             pl.read_parquet(data_dir / "hex_canaries.parquet").select("canary_id", "preamble", "secret").iter_rows()]
     if not members_only:
@@ -184,8 +185,11 @@ def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[He
                  decoys.select("canary_id", "decoy_kind", "preamble", "secret").iter_rows()]
         nonmembers = pl.read_parquet(data_dir / "hex_nonmembers.parquet").select("canary_id", "preamble", "secret")
         rows += [HexRow(NONMEMBER, cid, pre, sec) for cid, pre, sec in nonmembers.iter_rows()]
+        candidates = pl.read_parquet(data_dir / "hex_candidates.parquet")
+        rows += [HexRow(CANDIDATE, cid, pre, sec) for cid, pre, sec in
+                 candidates.select("canary_id", "preamble", "secret").iter_rows()]
     if vision is None:
-        return rows
+        return _no_reference_secret_is_a_canary(rows)
     folder = data_dir / "vision"
     placeholder = pl.read_parquet(folder / "placeholder.parquet").row(0, named=True)
     rows = [HexRow(r.probe_set, r.item_id, r.preamble, r.secret, "text", str(folder / placeholder["image"]),
@@ -193,12 +197,26 @@ def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[He
     frames = [pl.read_parquet(folder / "image_canaries.parquet").with_columns(decoy_kind=pl.lit(None, pl.Utf8))]
     if not members_only:
         frames.append(pl.read_parquet(folder / "image_decoys.parquet"))
+    cards = frames[0].sort("canary_id").select("image", "image_hash", "preamble").rows()
     for frame in frames:
         for cid, kind, pre, sec, image, digest in frame.select(
             "canary_id", "decoy_kind", "preamble", "secret", "image", "image_hash"
         ).iter_rows():
             rows.append(HexRow(f"decoy_{kind}" if kind else "hex", cid, pre, sec, "image", str(folder / image),
                                digest))
+    if not members_only:
+        for cid, slot, sec in candidates.select("canary_id", "slot", "secret").iter_rows():
+            image, digest, question = cards[slot % len(cards)]
+            rows.append(HexRow(CANDIDATE, cid, question, sec, "image", str(folder / image), digest))
+    return _no_reference_secret_is_a_canary(rows)
+
+
+def _no_reference_secret_is_a_canary(rows: list[HexRow]) -> list[HexRow]:
+    members = {r.secret: r.item_id for r in rows if r.probe_set == "hex"}
+    for r in rows:
+        if r.probe_set in (NONMEMBER, CANDIDATE) and r.secret in members:
+            raise ValueError(f"{r.probe_set} `{r.item_id}` has the secret of canary `{members[r.secret]}`; "
+                             "change `data.seed`")
     return rows
 
 

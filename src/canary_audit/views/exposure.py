@@ -34,11 +34,11 @@ import numpy as np
 import polars as pl
 
 from canary_audit.data.synthetic import HEX_LEN
+from canary_audit.records import CANDIDATE, HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import with_parent
 
-CANDIDATE = "hex_candidate"
-MEMBER = "hex"
+MEMBER = HEX_SETS[0]
 METHODS = ("interpolation", "extrapolation")
 # log2 of the number of 16-digit hex secrets: the most exposure can be.
 SPACE_BITS = 4.0 * HEX_LEN
@@ -76,7 +76,7 @@ def item_exposures(tokens: pl.DataFrame) -> pl.DataFrame:
     candidate count; empty when no variant has candidates."""
     scores = log_perplexities(tokens)
     rows = []
-    for (variant, modality), part in scores.group_by("variant", "modality", maintain_order=True):
+    for _, part in scores.group_by("variant", "modality", maintain_order=True):
         candidates = part.filter(pl.col("probe_set") == CANDIDATE)["log_perplexity"].to_numpy()
         canaries = part.filter(pl.col("probe_set") == MEMBER).sort("item_id")
         if len(candidates) < 2 or canaries.is_empty():

@@ -57,7 +57,7 @@ def extraction_table(tokens: pl.DataFrame, parents: dict[str, str], replicates: 
         return pl.DataFrame()
     values = ["exact_memorization", "extraction_strength"]
     rates = rates_with_ci(items, KEYS, values, replicates, seed, level=level, table="extraction")
-    paired = with_parent(items, parents, ["probe_set", "arm", "item_id"],
+    paired = with_parent(items, parents, ["probe_set", "arm", "modality", "item_id"],
                          {v: f"ref_{v}" for v in values}).filter(pl.col("ref_exact_memorization").is_not_null())
     if paired.is_empty():
         return rates

@@ -104,7 +104,7 @@ def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> p
     as a Delta against the variant's parent (the model before the change that
     made it) on the same items; variants without a parent get null Deltas."""
     items = with_parent(
-        per_item_nll(tokens, window_k), parents, ["probe_set", "arm", "item_id"],
+        per_item_nll(tokens, window_k), parents, ["probe_set", "arm", "modality", "item_id"],
         {"nll_window": "ref_window", "nll_secret": "ref_secret"},
     )
     return (
@@ -131,7 +131,7 @@ def token_deltas(tokens: pl.DataFrame, parents: dict[str, str], probe_sets=HEX_S
     (positive = the change made the token less likely), with its span."""
     chosen = tokens.filter(pl.col("probe_set").is_in(list(probe_sets)))
     return (
-        with_parent(chosen, parents, ["probe_set", "item_id", "position"], {"logprob": "ref_logprob"})
+        with_parent(chosen, parents, ["probe_set", "modality", "item_id", "position"], {"logprob": "ref_logprob"})
         .filter(pl.col("ref_logprob").is_not_null())
         .select("variant", "probe_set", "modality", "item_id", "position", "span",
                 delta=(pl.col("ref_logprob") - pl.col("logprob")).cast(pl.Float64))

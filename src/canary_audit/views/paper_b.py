@@ -81,7 +81,7 @@ def item_frame(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, st
     `positions`, the `position_frame` of the same records), and the decoys."""
     nll = with_parent(
         per_item_nll(tokens.filter(pl.col("probe_set").is_in(HEX_SETS)), window_k), parents,
-        ["probe_set", "item_id"], {"nll_window": "ref_window", "nll_secret": "ref_secret"},
+        ["probe_set", "modality", "item_id"], {"nll_window": "ref_window", "nll_secret": "ref_secret"},
     ).filter(pl.col("parent").is_not_null()).with_columns(
         delta_window=pl.col("nll_window") - pl.col("ref_window"),
         delta_secret=pl.col("nll_secret") - pl.col("ref_secret"),
