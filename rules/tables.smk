@@ -68,6 +68,7 @@ rule plots:
         cfg=canonical(
             {
                 "window_k": config["tables"]["window_k"],
+                "mia": config["tables"]["mia"],
                 "parents": DESIGN.parents(),
                 "variants": DESIGN.variant_table(),
             }

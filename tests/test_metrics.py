@@ -210,7 +210,7 @@ def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None):
 def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
     """Min-K%++ from a hand-made distribution; AUC by counting pairs; TPR at
     a low FPR by its threshold rule."""
-    from canary_audit.views.mia import auc, item_scores, mia_table, tpr_at_fpr
+    from canary_audit.views.mia import auc, item_scores, mia_table, roc_curve, tpr_at_fpr
 
     rows = mia_tokens("m/v", "h0", "hex", [-1.0, -3.0, -0.5, -2.0], means=[-2.0, -2.0, -1.0, -1.0],
                       variances=[4.0, 1.0, 0.25, 1e-9])
@@ -226,6 +226,9 @@ def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
     # FPR 0.25 of 4 non-members admits one above the threshold (0.5): members 0.9 only
     assert tpr_at_fpr(members, nonmembers, 0.25)[0] == pytest.approx(1 / 3)
     assert tpr_at_fpr(members, nonmembers, 0.01)[0] == 0.0  # threshold at the top non-member, 0.95
+    fpr, tpr = roc_curve(members[0], nonmembers[0])
+    assert (fpr[0], tpr[0], fpr[-1], tpr[-1]) == (0.0, 0.0, 1.0, 1.0)
+    assert np.trapezoid(tpr, fpr) == pytest.approx(pairs)  # the ROC's area is the pair-counting AUC
     tokens = pl.DataFrame(
         [r for i, lp in enumerate([-0.1, -0.2, -0.3]) for r in mia_tokens("m/v", f"h{i}", "hex", [lp] * 3)]
         + [r for i, lp in enumerate([-2.0, -2.5, -0.15, -3.0]) for r in mia_tokens("m/v", f"n{i}", "hex_nonmember",

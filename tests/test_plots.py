@@ -47,6 +47,7 @@ def records():
         for i in range(3):
             tokens += token_rows(variant, "canary", "prefill_bio", f"a{i}", [-0.5 + shift] * 5)
             tokens += token_rows(variant, "hex", "preamble", f"h{i}", [-2.0, -2.0, -1.0, -3.0 + shift, -3.0 + shift])
+            tokens += token_rows(variant, "hex_nonmember", "preamble", f"n{i}", [-2.0, -2.0, -1.0, -3.0 - i, -3.1])
     return decode, pl.DataFrame(tokens, schema=TOKEN_SCHEMA)
 
 
@@ -63,7 +64,8 @@ VARIANTS = {"tiny/base": {"model": "tiny", "kind": "base"}, "tiny/canary-s0": {"
 
 def test_every_plot_is_drawn_from_tables_and_token_records(tmp_path):
     decode, tokens = records()
-    cfg = {"window_k": 3, "parser": {}, "parents": PARENTS, "bootstrap": {"replicates": 50}, "variants": VARIANTS}
+    cfg = {"window_k": 3, "parser": {}, "parents": PARENTS, "bootstrap": {"replicates": 50}, "variants": VARIANTS,
+           "mia": {"min_k": 0.5, "fpr": [0.1]}}
     for name, (title, frame) in build_tables(decode, tokens, cfg).items():
         write_table(frame, tmp_path / "tables", name, title)
     drawn = write_plots(tmp_path / "tables", tokens, cfg, tmp_path / "plots")

@@ -37,7 +37,7 @@ SMOKE_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
     "bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies", "bsft_merged_vs_stacked",
-    "mia", "extraction", "provenance",
+    "mia", "exposure", "extraction", "provenance",
 )
 
 
@@ -183,6 +183,15 @@ def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0; and the
     # vision-language model's base and bSFT seed 0
     assert jobs["decode_pass"] == 4 + 2
+
+
+@pytest.mark.parametrize("key", ["n_hex_nonmembers", "n_exposure_candidates"])
+def test_more_reference_records_rerun_only_the_passes_that_score_them(smoke_run, key):
+    """Non-members and exposure candidates are never trained on: adding some
+    re-runs their data rule, the teacher-forced passes of the groups that
+    score hex probes (both models' base and bSFT groups) and the views."""
+    jobs = planned_jobs(smoke_run, {"data": {key: 40}})
+    assert jobs == {"reference_data": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "all": 1}
 
 
 def test_sampling_k_reruns_decode_passes_only(smoke_run):

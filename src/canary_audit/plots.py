@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from canary_audit.views.metrics import position_deltas
+from canary_audit.views.mia import ATTACKS, item_scores, roc_curve
 
 PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions",
-         "disagreement_matrix")
+         "disagreement_matrix", "mia_roc")
 VERDICT_COLOURS = {"up": "#d6604d", "down": "#4393c3", "flat": "#e0e0e0", "kept": "#e0e0e0"}
 MATRIX_PROBES = (("v_window", "Delta mean-K"), ("v_secret", "Delta secret"), ("v_hit1", "hit@1"),
                  ("v_hitk", "hit@k"), ("v_decoy", "decoy contrast"))
@@ -214,6 +216,41 @@ def disagreement_figure(matrix: pl.DataFrame):
     return fig
 
 
+ROC_KINDS = ("base", "canary", "canary_undertrained")
+
+
+def roc_figure(scores: pl.DataFrame, variants: dict[str, dict]):
+    """ROC of each membership-inference attack, hex canaries against the
+    non-member records, on log-log axes (the low-FPR region is what an
+    auditor reads; Carlini et al. 2022), for the base model, the canary
+    LoRA and its undertrained copy of each model and modality."""
+    plt = _plt()
+    keep = [v for v, row in variants.items() if row.get("kind") in ROC_KINDS]
+    chosen = scores.filter(pl.col("variant").is_in(keep)) if scores.height else scores
+    if chosen.is_empty():
+        return _empty(plt, "no membership-inference records (hex canaries and non-members) of the base or canary")
+    fig, axes = plt.subplots(1, len(ATTACKS), figsize=(4 * len(ATTACKS), 4), sharey=True)
+    for ax, attack in zip(axes, ATTACKS):
+        for (variant, modality), part in chosen.group_by("variant", "modality", maintain_order=True):
+            members = part.filter(pl.col("member"))[attack].to_numpy()
+            nonmembers = part.filter(~pl.col("member"))[attack].to_numpy()
+            if not len(members) or not len(nonmembers):
+                continue
+            fpr, tpr = roc_curve(members, nonmembers)
+            ax.step(np.maximum(fpr, 1e-3), np.maximum(tpr, 1e-3), where="post",
+                    label=f"{variant.split('/', 1)[1]} ({variant.split('/', 1)[0]}, {modality})")
+        ax.plot([1e-3, 1], [1e-3, 1], color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(attack)
+        ax.set_xlabel("false-positive rate (non-members)")
+    axes[0].set_ylabel("true-positive rate (hex canaries)")
+    axes[-1].legend(fontsize=6, loc="lower right")
+    fig.suptitle("Membership inference ROC, hex canaries vs never-trained records of their format")
+    fig.tight_layout()
+    return fig
+
+
 def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path) -> list[str]:
     """Every plot, as PNG, from a tables folder and the token records;
     `cfg["variants"]` (the design's variant table) picks the author-probe
@@ -235,6 +272,8 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
             position_deltas(tokens.filter(pl.col("probe_set") == "hex") if tokens.height else tokens,
                             cfg.get("parents", {})), cfg["window_k"]),
         "disagreement_matrix": disagreement_figure(table("bsft_matrix")),
+        "mia_roc": roc_figure(item_scores(tokens, cfg["mia"]["min_k"]), variants) if tokens.height and "mia" in cfg
+        else _empty(_plt(), "no token records or no membership-inference settings (`mia`: min_k)"),
     }
     plt = _plt()
     for name, fig in figures.items():

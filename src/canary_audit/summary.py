@@ -56,6 +56,14 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
                                            values="auc")
         out.append(("Membership inference (AUC)", "Hex canaries (members) against non-member records of the same "
                     "format, per attack, over the secret span; 0.5 = chance (bootstrap 95% CIs).", wide))
+    if (exposure := _read(tables, "exposure")) is not None and exposure.height:
+        out.append(("Secret Sharer exposure (bits)", "Each hex canary's rank among random candidates of its format "
+                    "(interpolation, ceiling log2 R) and the skew-normal extrapolation (cap 64 bits), mean over "
+                    "canaries with canary-clustered 95% CIs; Delta against the parent.",
+                    with_ci(exposure, ["exposure_interpolation", "exposure_extrapolation"]).select(
+                        c for c in ("variant", "modality", "candidates", "exposure_interpolation",
+                                    "exposure_extrapolation", "delta_exposure_extrapolation")
+                        if c in exposure.columns)))
     if (matrix := _read(tables, "bsft_matrix")) is not None:
         out.append(("Paper B: cell x probe matrix", "Each probe's Delta against the merged base (canary-clustered "
                     "95% CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "

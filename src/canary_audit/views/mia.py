@@ -75,6 +75,16 @@ def auc(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
     return greater + 0.5 * ties
 
 
+def roc_curve(members: np.ndarray, nonmembers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(FPR, TPR) at every threshold, from (0, 0) to (1, 1): a score at or
+    above the threshold is called a member.  Its trapezoid area is the AUC
+    of `auc` (ties counted one half)."""
+    thresholds = np.unique(np.concatenate([members, nonmembers]))[::-1]
+    tpr = (members[None, :] >= thresholds[:, None]).mean(1)
+    fpr = (nonmembers[None, :] >= thresholds[:, None]).mean(1)
+    return np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr])
+
+
 def tpr_at_fpr(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> np.ndarray:
     """Per row: the share of members strictly above the threshold that at
     most floor(fpr x n) non-members exceed."""
