@@ -9,12 +9,12 @@ from snakemake.utils import validate
 
 from canary_audit.data.io import (
     DATA_TABLES,
-    REFERENCE_KEYS,
-    REFERENCE_TABLES,
+    POPULATION_KEYS,
+    POPULATION_TABLES,
     VISION_KEYS,
     synthetic_settings,
 )
-from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design
+from canary_audit.design import AUTHOR_SETS, BSFT_SOURCES, TEMPLATES, ConfigError, Design
 from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
@@ -76,10 +76,15 @@ def data_files(*tables):
     return [f"{R}/data/{t}.parquet" for t in (tables or DATA_TABLES)]
 
 
-def reference_files():
-    """The non-member records and exposure candidates: only the
-    teacher-forced pass scores them."""
-    return data_files(*REFERENCE_TABLES)
+def population_files():
+    """The non-member records and exposure candidates."""
+    return data_files(*POPULATION_TABLES)
+
+
+def scored_populations(wildcards):
+    """What a teacher-forced job reads of them: all, where its group runs the
+    hex probes; none for a memorization group (author probes only)."""
+    return population_files() if probe_sets(wildcards) != AUTHOR_SETS else []
 
 
 # Images of the vision-language arms (rule vision_data): read by every job

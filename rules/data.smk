@@ -23,24 +23,24 @@ rule synthetic_data:
 # The hex canaries' reference populations: non-member records (membership
 # inference) and Secret Sharer's exposure candidates, scored by the
 # teacher-forced pass only.
-rule reference_data:
+rule populations:
     input:
         data_files("hex_canaries", "decoys"),
     output:
-        reference_files(),
+        population_files(),
     log:
-        f"{R}/logs/reference_data.log",
+        f"{R}/logs/populations.log",
     benchmark:
-        f"{R}/benchmarks/reference_data.tsv"
+        f"{R}/benchmarks/populations.tsv"
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in REFERENCE_KEYS}),
+        cfg=canonical({k: config["data"][k] for k in POPULATION_KEYS}),
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
-        "python -m canary_audit reference --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit populations --params {params.cfg:q} --data {params.data} "
         "--out {params.data} > {log} 2>&1"
 
 

@@ -42,7 +42,7 @@ rule decode_pass:
 rule teacher_forced_pass:
     input:
         data_files(),
-        reference_files(),
+        scored_populations,
         base_input,
         vision_input,
         probe_weights,

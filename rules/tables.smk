@@ -31,6 +31,7 @@ rule tables:
             {
                 **config["tables"],
                 "parents": DESIGN.parents(),
+                "references": DESIGN.references(),
                 "cells": DESIGN.cells(),
                 "variants": DESIGN.variant_table(),
                 "expected_hashes": DESIGN.probe_hashes(),

@@ -1,6 +1,7 @@
 # Adapters: memorization LoRA (paper A), hex-canary LoRA and its merged base
-# (paper B), benign fine-tuning on that base (paper B), and unlearning.  The
-# K sweep and the bSFT training lengths are checkpoints of one run each.
+# (paper B) and its never-trained reference, benign fine-tuning on that base
+# (paper B), and unlearning.  The K sweep and the bSFT training lengths are
+# checkpoints of one run each.
 
 
 rule memorize:
@@ -59,6 +60,30 @@ rule canary_lora:
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
         "python -m canary_audit canary --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
+rule reference_lora:
+    input:
+        data_files("retain"),
+        base_input,
+    output:
+        directory(LAYOUT.adapter_dir("{model}", "reference-s{seed}")),
+    log:
+        f"{R}/logs/{{model}}/reference-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/reference_lora-s{{seed}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit reference --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 

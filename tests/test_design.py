@@ -130,8 +130,8 @@ def test_variant_table_of_the_smoke_audit():
     kinds = {}
     for row in table.values():
         kinds[row["model"], row["kind"]] = kinds.get((row["model"], row["kind"]), 0) + 1
-    paper_b = {"base": 1, "canary": 1, "merged_base": 2, "canary_undertrained": 1, "bsft": 8, "noise": 1,
-               "undertrained": 1}
+    paper_b = {"base": 1, "canary": 1, "reference": 1, "merged_base": 2, "canary_undertrained": 1, "bsft": 8,
+               "noise": 1, "undertrained": 1}
     # The vision-language model runs paper B's arms only; the text model both papers'.
     assert kinds == {**{("tiny", k): n for k, n in {**paper_b, "memorized": 2, "unlearned": 4}.items()},
                      **{("tiny_vl", k): n for k, n in paper_b.items()}}
@@ -141,6 +141,11 @@ def test_variant_table_of_the_smoke_audit():
     assert design.probe_sets_of("tiny_vl", "base") == "hex"
     assert design.cells()["tiny/bsft-gui-t2-merged-b0-s0"]["application"] == "merged"
     assert design.cells()["tiny_vl/bsft-gui-t2-merged-b0-s0"]["model"] == "tiny_vl"
+    references = design.references()
+    assert references["tiny_vl/bsft-gui-t2-merged-b0-s0"] == "tiny_vl/reference-s0"
+    assert references["tiny/canary-s0-under"] == "tiny/reference-s0"
+    assert "tiny/base" not in references and "tiny/reference-s0" not in references
+    assert "tiny/npo-bio-s0-k3" not in references  # author-side variants have no never-trained reference yet
     assert design.table_names()[-2:] == ["extraction", "provenance"]
 
 

@@ -242,3 +242,35 @@ def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
     assert loss["tpr_at_0.25_fpr"] == pytest.approx(1.0)  # one non-member (-0.15) admitted: threshold -2.0
     with pytest.raises(ValueError, match="tables.mia.min_k = 0"):
         item_scores(tokens, 0)
+
+
+def test_privleak_and_forget_quality_against_direct_computation():
+    """PrivLeak = (AUC - AUC_ref) / AUC_ref x 100 per attack, from AUCs
+    counted by hand; forget quality = scipy's two-sample KS p-value of the
+    canaries' secret-span NLL under the variant and the reference."""
+    from scipy.stats import ks_2samp
+
+    from canary_audit.views.privacy import privacy_table
+
+    member_lp = {"m/canary": [-0.1, -0.2, -0.3, -2.2], "m/ref": [-2.1, -2.6, -1.0, -2.9]}
+    nonmember_lp = {"m/canary": [-2.0, -2.5, -0.15, -3.0], "m/ref": [-2.0, -2.5, -0.15, -3.0]}
+    rows = []
+    for variant in member_lp:
+        rows += [r for i, lp in enumerate(member_lp[variant]) for r in mia_tokens(variant, f"h{i}", "hex", [lp] * 3)]
+        rows += [r for i, lp in enumerate(nonmember_lp[variant])
+                 for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp] * 3)]
+    table = privacy_table(pl.DataFrame(rows, schema=TOKEN_SCHEMA), {"m/canary": "m/ref"}, 0.5, 200, 0, 0.95)
+    row = table.row(0, named=True)
+
+    def pairs(m, n):
+        return sum((a > b) + 0.5 * (a == b) for a in m for b in n) / (len(m) * len(n))
+
+    auc_v, auc_ref = pairs(member_lp["m/canary"], nonmember_lp["m/canary"]), pairs(member_lp["m/ref"],
+                                                                                  nonmember_lp["m/ref"])
+    assert (row["auc_loss"], row["ref_auc_loss"]) == (pytest.approx(auc_v), pytest.approx(auc_ref))
+    assert row["privleak_loss"] == pytest.approx((auc_v - auc_ref) / auc_ref * 100)
+    assert row["privleak_loss_lo"] <= row["privleak_loss"] <= row["privleak_loss_hi"]
+    direct = ks_2samp([-lp for lp in member_lp["m/canary"]], [-lp for lp in member_lp["m/ref"]])
+    assert row["forget_quality"] == pytest.approx(direct.pvalue)
+    assert row["ks_statistic"] == pytest.approx(direct.statistic)
+    assert (row["reference"], row["members"], row["nonmembers"]) == ("m/ref", 4, 4)

@@ -2,7 +2,7 @@ import polars as pl
 import pytest
 
 from canary_audit.data import synthetic as syn
-from canary_audit.data.io import DATA_TABLES, REFERENCE_TABLES, write_reference, write_synthetic
+from canary_audit.data.io import DATA_TABLES, POPULATION_TABLES, write_populations, write_synthetic
 
 CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10, "n_hex_canaries": 6, "n_bsft_per_source": 8}
 REFERENCE = {"seed": 3, "n_hex_canaries": 6, "n_hex_nonmembers": 5, "n_exposure_candidates": 40}
@@ -23,8 +23,8 @@ def test_reference_populations_are_fresh_secrets_of_the_format(tmp_path):
     of the canaries' format equal to no canary's, decoy's or each other's,
     candidate i behind the preamble of canary i mod n."""
     write_synthetic(tmp_path, CFG)
-    counts = write_reference(tmp_path, tmp_path, REFERENCE)
-    assert tuple(counts) == REFERENCE_TABLES and counts == {"hex_nonmembers": 5, "hex_candidates": 40}
+    counts = write_populations(tmp_path, tmp_path, REFERENCE)
+    assert tuple(counts) == POPULATION_TABLES and counts == {"hex_nonmembers": 5, "hex_candidates": 40}
     canaries = pl.read_parquet(tmp_path / "hex_canaries.parquet")
     decoys = pl.read_parquet(tmp_path / "decoys.parquet")
     nonmembers = pl.read_parquet(tmp_path / "hex_nonmembers.parquet")
@@ -35,7 +35,7 @@ def test_reference_populations_are_fresh_secrets_of_the_format(tmp_path):
     assert candidates["slot"].to_list() == [i % 6 for i in range(40)]
     assert candidates["preamble"].to_list() == [f"Record {i % 6:02d} access code: " for i in range(40)]
     # the synthetic data do not depend on them: more candidates change no other table
-    write_reference(tmp_path / "more", tmp_path, REFERENCE | {"n_exposure_candidates": 80})
+    write_populations(tmp_path / "more", tmp_path, REFERENCE | {"n_exposure_candidates": 80})
     assert pl.read_parquet(tmp_path / "more" / "hex_nonmembers.parquet").equals(nonmembers)
     assert pl.read_parquet(tmp_path / "more" / "hex_candidates.parquet").head(40).equals(candidates)
 

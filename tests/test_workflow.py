@@ -191,7 +191,7 @@ def test_more_reference_records_rerun_only_the_passes_that_score_them(smoke_run,
     re-runs their data rule, the teacher-forced passes of the groups that
     score hex probes (both models' base and bSFT groups) and the views."""
     jobs = planned_jobs(smoke_run, {"data": {key: 40}})
-    assert jobs == {"reference_data": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"populations": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "all": 1}
 
 
 def test_sampling_k_reruns_decode_passes_only(smoke_run):
@@ -355,9 +355,10 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
         "synthetic_data": 1,
         "vision_data": 1,
         "canary_lora": 1,
+        "reference_lora": 1,
         "bsft": 4 * 3 + 1 * 3,
-        # base, canary, undertrained canary, both merged bases, then 34 cells x 3 seeds
-        "variant_manifest": 5 + 34 * 3,
+        # base, canary, reference, undertrained canary, both merged bases, then 34 cells x 3 seeds
+        "variant_manifest": 6 + 34 * 3,
         "decode_pass": 1 + 3,                    # base (+ canary adapters), one group per bSFT seed
         "teacher_forced_pass": 1 + 3,
         "tables": 1,

@@ -39,10 +39,16 @@ def cmd_base(args, params):
     return summary
 
 
-def cmd_reference_data(args, params):
-    from canary_audit.data.io import write_reference
+def cmd_reference(args, params):
+    from canary_audit.train.adapters import train_reference
 
-    return write_reference(Path(args.out), Path(args.data), params)
+    return train_reference(_spec(args), Path(args.data), {**params, "threads": args.threads}, Path(args.out))
+
+
+def cmd_populations(args, params):
+    from canary_audit.data.io import write_populations
+
+    return write_populations(Path(args.out), Path(args.data), params)
 
 
 def cmd_vision_data(args, params):
@@ -209,8 +215,8 @@ def cmd_summary(args, params):
 
 
 COMMANDS = {
-    "data": cmd_data, "reference": cmd_reference_data, "images": cmd_vision_data, "base": cmd_base,
-    "vision": cmd_vision_base,
+    "data": cmd_data, "populations": cmd_populations, "images": cmd_vision_data, "base": cmd_base,
+    "vision": cmd_vision_base, "reference": cmd_reference,
     "memorize": cmd_memorize, "canary": cmd_canary,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary,

@@ -21,14 +21,14 @@ TEMPLATES = ("bio", "meta", "none")
 BSFT_SOURCES = ("gui", "synth", "safety", "random")
 APPLICATIONS = ("stacked", "merged")
 # Name stems the design gives its own variants: an unlearning run may not take one.
-RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", "under"})
+RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", "under", "reference"})
 
 # The tables, per part of the audit (which parts a config turns on: `table_names`).
 PAPER_A_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "teacher_forced", "teacher_forced_vs_greedy",
 )
-HEX_TABLES = ("hex_recall", "nll", "mia", "exposure")
+HEX_TABLES = ("hex_recall", "nll", "mia", "exposure", "privacy")
 BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
 MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # The field's measures over any audit's token records, and which records
@@ -258,6 +258,10 @@ class Design:
                 canary = f"canary-s{seed}"
                 out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
                                       seed=seed)
+                # The never-trained reference: the canary LoRA's recipe on its
+                # data minus the canaries (PrivLeak's and forget quality's anchor).
+                ref = f"reference-s{seed}"
+                out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", "base", seed=seed)
                 if self.bsft_active():
                     out.update(self._bsft_variants(model, seed))
         return out
@@ -403,6 +407,14 @@ class Design:
         """model/variant -> its structured fields, for the views."""
         return {f"{m}/{v}": {**e.fields(), "model": m, "parent": f"{m}/{e.parent}" if e.parent else None}
                 for m in self.config["audit"]["models"] for v, e in self.variants(m).items()}
+
+    def references(self) -> dict[str, str]:
+        """model/variant -> the never-trained reference of its canary seed,
+        for every variant derived from a canary LoRA (the canary LoRA, its
+        merged base, its undertrained copy and every bSFT cell)."""
+        derived = ("canary", "merged_base", "canary_undertrained", "bsft", "noise", "undertrained")
+        return {f"{m}/{v}": f"{m}/reference-s{e.seed}" for m in self.config["audit"]["models"]
+                for v, e in self.variants(m).items() if e.kind in derived}
 
     def parents(self) -> dict[str, str]:
         return {name: row["parent"] for name, row in self.variant_table().items() if row["parent"]}

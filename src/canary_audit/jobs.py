@@ -13,6 +13,7 @@ MODEL_JOBS = {
     "embedded_vision_base": "vision",
     "memorize": "memorize",
     "canary_lora": "canary",
+    "reference_lora": "reference",
     "bsft": "bsft",
     "unlearn": "unlearn",
     "decode_pass": "decode",

@@ -19,6 +19,7 @@ from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.mia import mia_table
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
+from canary_audit.views.privacy import privacy_table
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,14 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 f"low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} CIs: members "
                 f"and non-members resampled, B={boot.replicates}",
                 mia_table(tokens, mia["min_k"], mia["fpr"], boot.replicates, boot.seed, boot.level),
+            )
+        references = cfg.get("references", {})
+        if mia is not None and references:
+            tables["privacy"] = (
+                f"PrivLeak (MUSE: relative MIA AUC difference against the never-trained reference, %, per attack; "
+                f"paired {boot.level:.0%} bootstrap CIs, B={boot.replicates}) and KS forget quality (p-value of the "
+                f"hex canaries' secret-span NLL against the reference's)",
+                privacy_table(tokens, references, mia["min_k"], boot.replicates, boot.seed, boot.level),
             )
         if tokens.filter(pl.col("probe_set") == CANDIDATE).height:
             tables["exposure"] = (

@@ -16,16 +16,16 @@ DATA_TABLES = ("authors", "qa", "retain", "hex_canaries", "decoys", "bsft", "dis
 # and only the teacher-forced pass scores: non-member records (membership
 # inference) and exposure candidates.  A rule of their own writes them, so
 # adding some re-runs only the passes that score them.
-REFERENCE_TABLES = ("hex_nonmembers", "hex_candidates")
+POPULATION_TABLES = ("hex_nonmembers", "hex_candidates")
 # The data settings each rule reads (the rest of `data:` is the synthetic data's).
-REFERENCE_KEYS = ("seed", "n_hex_canaries", "n_hex_nonmembers", "n_exposure_candidates")
+POPULATION_KEYS = ("seed", "n_hex_canaries", "n_hex_nonmembers", "n_exposure_candidates")
 VISION_KEYS = ("seed", "n_image_canaries")
 
 
 def synthetic_settings(data: dict) -> dict:
     """The `data:` settings the synthetic data depend on (not the reference
     populations' or the images' own counts)."""
-    own = {*REFERENCE_KEYS, *VISION_KEYS} - {"seed", "n_hex_canaries"}
+    own = {*POPULATION_KEYS, *VISION_KEYS} - {"seed", "n_hex_canaries"}
     return {k: v for k, v in data.items() if k not in own}
 
 
@@ -62,8 +62,8 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     return {name: frame.height for name, frame in tables.items()}
 
 
-def write_reference(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
-    """The non-member records and the exposure candidates (REFERENCE_TABLES),
+def write_populations(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
+    """The non-member records and the exposure candidates (POPULATION_TABLES),
     none equal to a canary's or decoy's secret, nor to each other."""
     canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
     decoys = pl.read_parquet(data_dir / "decoys.parquet")
