@@ -48,8 +48,8 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
         assert (tables / f"{name}.md").read_text().startswith("## ")
     leakage = pl.read_csv(tables / "canary_leakage.csv")
     branch = {"tiny/mem-bio-s0", "tiny/npo-bio-s0-k3", "tiny/npo-bio-s0-k5", "tiny/ga-bio-s0-k3", "tiny/ga-bio-s0-k5"}
-    assert branch | {"tiny/base", "tiny/mem-none-s0", "tiny/canary-s0", "tiny/canary-s0-under"} == set(
-        leakage["variant"])
+    base_group = {"tiny/base", "tiny/canary-s0", "tiny/reference-s0", "tiny/canary-s0-under"}
+    assert branch | base_group | {"tiny/mem-none-s0"} == set(leakage["variant"])
     assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty"} == set(leakage["arm"])
     assert (leakage["out_acc_lo"] <= leakage["out_acc"]).all() and (leakage["out_acc"] <= leakage["out_acc_hi"]).all()
     sweep = pl.read_csv(tables / "k_sweep.csv")
@@ -332,6 +332,7 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     per_model_seed = {"mem": 3, "runs": 4, "variants": 3 + 4 * 4}
     assert jobs == {
         "synthetic_data": 1,
+        "populations": 1,                        # the base groups score the hex records (no canary LoRA)
         "memorize": 2 * 2 * per_model_seed["mem"],
         "unlearn": 2 * 2 * per_model_seed["runs"],
         "variant_manifest": 2 * (1 + 2 * per_model_seed["variants"]),
@@ -354,6 +355,7 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
     assert jobs == {
         "synthetic_data": 1,
         "vision_data": 1,
+        "populations": 1,
         "canary_lora": 1,
         "reference_lora": 1,
         "bsft": 4 * 3 + 1 * 3,
@@ -402,12 +404,16 @@ def test_bad_config_is_named_before_any_job(tmp_path, override, message):
     ({"think_open": "<reasoning>"}, "model `local`: think tag `think_open` = '<reasoning>' is not a single token"),
     ({"chat_template": "<|user|>a question<|assistant|>"},
      "model `local`: its chat template does not place the user's text in the prompt"),
+    ({"vision": True}, "`models.local.vision` is true, but"),  # image canaries asked of a text-only model
+    ({"base": "tiny_vl"}, "is a vision-language checkpoint (its config.json has a vision_config); set "
+                          "`models.local.vision: true`"),
 ])
 def test_local_checkpoint_that_cannot_be_audited_is_named(smoke_run, tmp_path, entry, message):
     """A local checkpoint (here the smoke run's own base) with a think tag its
-    tokenizer splits, or a chat template that drops the prompt, is refused
-    before any job."""
-    base = smoke_run / "results" / "smoke" / "models" / "tiny" / "base"
+    tokenizer splits, a chat template that drops the prompt, or a `vision`
+    flag its config contradicts, is refused before any job."""
+    entry = dict(entry)
+    base = smoke_run / "results" / "smoke" / "models" / entry.pop("base", "tiny") / "base"
     extra = tmp_path / "real.yaml"
     extra.write_text(yaml.safe_dump({
         "models": {"local": {"path": str(base), **entry}},
