@@ -14,7 +14,13 @@ from canary_audit.data.io import (
     VISION_KEYS,
     synthetic_settings,
 )
-from canary_audit.design import AUTHOR_SETS, BSFT_SOURCES, TEMPLATES, ConfigError, Design
+from canary_audit.design import (
+    AUTHOR_SETS,
+    BSFT_SOURCES,
+    TEMPLATES,
+    ConfigError,
+    Design,
+)
 from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
@@ -87,8 +93,8 @@ def scored_populations(wildcards):
     return population_files() if probe_sets(wildcards) != AUTHOR_SETS else []
 
 
-# Images of the vision-language arms (rule vision_data): read by every job
-# of a vision-language model that trains or probes.
+# Images of the vision-language arms, written by the vision_data rule, read
+# by every job of a vision-language model that trains or probes.
 VISION_DATA = f"{R}/data/vision"
 
 
