@@ -123,7 +123,7 @@ def test_teacher_forced_fields_match_a_plain_forward(tiny_assets, spec):
         ids = tok(item.text, add_special_tokens=False)["input_ids"]
         lengths.add(len(ids))
         with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+            logp = torch.log_softmax(model(torch.tensor([ids], device=model.device)).logits[0].float(), -1).cpu()
         mine = [r for r in rows if (r["item_id"], r["arm"], r["probe_set"]) == (item.item_id, item.arm,
                                                                                item.probe_set)]
         assert [r["position"] for r in mine] == list(range(1, len(ids)))

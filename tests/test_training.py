@@ -249,9 +249,9 @@ def canary_run(tiny_assets, spec, tmp_path_factory):
 
 
 def logits(model, tok, text="Record 00 access code: TEXTCAN-"):
-    ids = tok(text, return_tensors="pt")["input_ids"]
+    ids = tok(text, return_tensors="pt")["input_ids"].to(model.device)
     with torch.no_grad():
-        return model(input_ids=ids).logits
+        return model(input_ids=ids).logits.cpu()
 
 
 def test_merged_base_is_the_base_with_the_canary_lora(spec, canary_run):

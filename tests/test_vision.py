@@ -91,13 +91,13 @@ def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):
     special = set(tok.convert_tokens_to_ids(list(VISION_TOKENS)))
     rows = []
     for it in items:
-        ids = torch.tensor([tok(it.text, add_special_tokens=False)["input_ids"]])
+        ids = torch.tensor([tok(it.text, add_special_tokens=False)["input_ids"]], device=model.device)
         pixels, grid = vision.pixels(it.image)
         with torch.no_grad():
-            logits = model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+            logits = model(input_ids=ids, pixel_values=pixels.to(model.device), image_grid_thw=grid.to(model.device),
                            mm_token_type_ids=(ids == tok.convert_tokens_to_ids(IMAGE_PAD)).int()).logits
-        logp = logits[0, :-1].log_softmax(-1)
-        target = ids[0, 1:]
+        logp = logits[0, :-1].float().log_softmax(-1).cpu()
+        target = ids[0, 1:].cpu()
         kept = [j for j, t in enumerate(target.tolist()) if t not in special]
         for n, j in enumerate(kept, start=1):
             lp = logp[j].double()
@@ -129,8 +129,8 @@ def test_greedy_decoding_with_images_equals_generate(tiny_vl_assets):
     got, _ = generate_greedy(model, tok, [it.prompt for it in items], 12, batch_size=4,
                              images=[it.image for it in items], vision=vision)
     for it, (ids, _hit_eos) in zip(items, got):
-        enc = torch.tensor([tok(it.prompt, add_special_tokens=False)["input_ids"]])
-        pictures = vision.forward_kwargs(enc, [it.image], "cpu")
+        enc = torch.tensor([tok(it.prompt, add_special_tokens=False)["input_ids"]], device=model.device)
+        pictures = vision.forward_kwargs(enc, [it.image], model.device)
         with torch.no_grad():
             ref = model.generate(input_ids=enc, attention_mask=torch.ones_like(enc), max_new_tokens=12,
                                  do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,

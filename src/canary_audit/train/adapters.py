@@ -234,7 +234,8 @@ def match_norm_noise(model, seed: int) -> dict[str, float]:
     norms = {}
     with torch.no_grad():
         for name, a, b in lora_pairs(model):
-            target = (b.float() @ a.float()).norm()
+            target = (b.float() @ a.float()).norm().cpu()
+            # Drawn on the CPU (one seeded stream whatever the device), then moved.
             a_new = torch.randn(a.shape, generator=gen)
             b_new = torch.randn(b.shape, generator=gen)
             b_new *= target / (b_new @ a_new).norm().clamp(min=1e-12)

@@ -71,7 +71,10 @@ class ResumeState:
                 p.data.copy_(tensors[f"param.{name}"])
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for i, p in enumerate(params):
-            state = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
+            # Moments go to their parameter's device; AdamW keeps its step
+            # count on the CPU (unless capturable), so it stays there.
+            state = {k.split(".", 2)[2]: v if k.endswith(".step") else v.to(p.device)
+                     for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
             if state:
                 optimizer.state[p] = state
         generator.set_state(tensors["generator"])
