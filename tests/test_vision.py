@@ -43,6 +43,24 @@ def test_the_language_tower_is_the_text_model(tiny_assets, tiny_vl_assets):
     assert summary["vision_config"]["patch_size"] == 14 and summary["vision_config"]["spatial_merge_size"] == 2
 
 
+def test_distinct_cards_give_distinct_features(tiny_vl_assets):
+    """The random, frozen vision tower separates the cards: every pair of
+    distinct cards (canaries and unseen decoys) lies at least a fifth of the
+    mean feature norm apart, so the canary LoRA has something to key on."""
+    import torch
+
+    *_, vision, model = _vl(tiny_vl_assets)
+    folder = tiny_vl_assets[0] / "vision"
+    images = sorted({str(folder / p) for p in pl.read_parquet(folder / "image_decoys.parquet")["image"]})
+    with torch.no_grad():
+        pixels = [vision.pixels(im) for im in images]
+        features = model.model.get_image_features(torch.cat([p for p, _ in pixels]).to(model.device),
+                                                  torch.cat([g for _, g in pixels]).to(model.device))
+    flat = torch.stack([f.flatten() for f in features.pooler_output]).float().cpu()
+    distance = torch.cdist(flat, flat) + torch.eye(len(images)) * 1e9
+    assert len(images) == 6 and distance.min() > 0.2 * flat.norm(dim=1).mean()
+
+
 def test_image_data_is_seeded_distinct_and_hashed(tiny_vl_assets, tmp_path):
     import hashlib
 

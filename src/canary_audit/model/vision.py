@@ -125,8 +125,8 @@ def build_from_text(text_dir: Path, out_dir: Path, cfg: dict) -> dict:
     three position axes equal) is the text model's rotary embedding; with the
     text model's rope theta the two give the same logits on text (tested).
     The vision tower is not pre-trained: its patches are whole card cells,
-    and the build summary reports how far apart its features for distinct
-    images lie (`vision_feature_min_distance`), the separation the canary
+    and distinct cards give features far apart (tested:
+    `test_distinct_cards_give_distinct_features`), the separation the canary
     LoRA keys on.
     """
     import torch
