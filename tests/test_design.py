@@ -274,6 +274,26 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     assert {p.stem for p in (ROOT / "report").glob("*.rst")} >= set(PLOTS)
 
 
+def test_a_pass_without_hex_probes_reads_no_population_file(tiny_assets, tmp_path):
+    """A memorization group's teacher-forced job does not take the
+    populations as input (rules/common.smk, `scored_populations`), so its
+    items must not read them."""
+    import shutil
+
+    from canary_audit.formats import ChatFormat
+    from canary_audit.model.loading import load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.probes.items import scored_items
+    from canary_audit.records import PROBE_SETS
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_assets[0], data, ignore=shutil.ignore_patterns("hex_nonmembers*", "hex_candidates*"))
+    fmt = ChatFormat(load_tokenizer(ModelSpec("tiny", tiny_assets[1])), "<think>", "</think>")
+    items = scored_items(fmt, data, {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6},
+                         set(PROBE_SETS["author"]))
+    assert items and {it.probe_set for it in items} == {"canary"}
+
+
 def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl_assets):
     from canary_audit.formats import ChatFormat
     from canary_audit.model.loading import load_tokenizer

@@ -244,7 +244,10 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
                  "secret": (h0 + len(head), h0 + len(a.canary)),
                  "continuation": (h0 + len(a.canary), len(text))},
             ))
-    for row in hex_rows(data_dir, vision):
+    # A pass without hex probes (a memorization group) reads none of their
+    # files: its job does not wait for the populations rule.
+    hex_family = any(wanted(s, probe_sets) for s in (*HEX_SETS, NONMEMBER, CANDIDATE))
+    for row in hex_rows(data_dir, vision) if hex_family else ():
         if not wanted(row.probe_set, probe_sets):
             continue
         context = row.context(fmt, vision)
