@@ -90,12 +90,17 @@ def population_files():
 def scored_populations(wildcards):
     """What a teacher-forced job reads of them: all, where its group runs the
     hex probes; none for a memorization group (author probes only)."""
-    return population_files() if probe_sets(wildcards) != AUTHOR_SETS else []
+    if probe_sets(wildcards) == AUTHOR_SETS:
+        return []
+    images = [VISION_NONMEMBERS] if DESIGN.is_vision(wildcards.model) else []
+    return population_files() + images
 
 
 # Images of the vision-language arms, written by the vision_data rule, read
 # by every job of a vision-language model that trains or probes.
 VISION_DATA = f"{R}/data/vision"
+# Their non-members (rule vision_nonmembers), scored by teacher-forced passes.
+VISION_NONMEMBERS = f"{R}/data/vision_nonmembers"
 
 
 def vision_input(wildcards):

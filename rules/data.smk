@@ -65,3 +65,28 @@ rule vision_data:
     shell:
         "python -m canary_audit images --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"
+
+
+# Non-member image canaries (fresh cards, fresh secrets) for membership
+# inference on vision-language models; teacher-forced passes score them.
+rule vision_nonmembers:
+    input:
+        population_files(),
+        data_files("hex_canaries", "decoys"),
+        VISION_DATA,
+    output:
+        directory(VISION_NONMEMBERS),
+    log:
+        f"{R}/logs/vision_nonmembers.log",
+    benchmark:
+        f"{R}/benchmarks/vision_nonmembers.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=canonical({k: config["data"][k] for k in ("seed", "n_hex_nonmembers")}),
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit imagenonmembers --params {params.cfg:q} --data {params.data} "
+        "--out {output} > {log} 2>&1"

@@ -41,12 +41,13 @@ def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
 def tiny_vl_assets(tiny_assets, tmp_path_factory) -> tuple[Path, Path]:
     """(data dir, model dir): the image data beside `tiny_assets`' data and a
     tiny Qwen2.5-VL built on its text model, as the workflow builds them."""
-    from canary_audit.data.images import write_vision_data
+    from canary_audit.data.images import write_image_nonmembers, write_vision_data
     from canary_audit.model.vision import build_from_text
 
     data, text_model = tiny_assets
     if not (data / "vision").exists():
         write_vision_data(data / "vision", data, {"seed": 0, "n_image_canaries": 3})
+        write_image_nonmembers(data / "vision_nonmembers", data, {"seed": 0, "n_hex_nonmembers": 4})
     model = tmp_path_factory.mktemp("model") / "tiny_vl"
     build_from_text(text_model, model, {"seed": 0, "vision_tower": {"depth": 1, "hidden_size": 32,
                                                                     "intermediate_size": 64, "num_heads": 2}})

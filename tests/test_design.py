@@ -317,4 +317,4 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     items = scored_items(ChatFormat(tok, None, None), tiny_vl_assets[0], cfg, {"hex"}, vision=vision)
     assert {(it.probe_set, it.modality) for it in items} == {
         *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate")),
-        *((s, "image") for s in (*PROBE_SETS["hex"], "hex_candidate"))}
+        *((s, "image") for s in (*PROBE_SETS["hex"], "hex_nonmember", "hex_candidate"))}

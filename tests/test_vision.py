@@ -90,6 +90,12 @@ def test_image_data_is_seeded_distinct_and_hashed(tiny_vl_assets, tmp_path):
     again = tmp_path / "again"
     write_vision_data(again, data, {"seed": 0, "n_image_canaries": 3})
     assert pl.read_parquet(again / "image_canaries.parquet").equals(canaries)
+    # non-member cards: fresh cards and fresh secrets, the canaries' question
+    nonmembers = pl.read_parquet(data / "vision_nonmembers" / "image_nonmembers.parquet")
+    assert nonmembers.height == 4 and nonmembers["image_hash"].n_unique() == 4
+    assert set(nonmembers["image_hash"]).isdisjoint({*canaries["image_hash"], *decoys["image_hash"]})
+    assert set(nonmembers["secret"]).isdisjoint({*canaries["secret"], *decoys["secret"], *text_secrets})
+    assert (nonmembers["preamble"] == canaries["preamble"][0]).all()
 
 
 def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):

@@ -89,7 +89,8 @@ def test_smoke_run_audits_every_bsft_cell(smoke_run):
     vl = pl.read_parquet(smoke_run / "results" / "smoke" / "records" / "tiny_vl" / "bsft-s0-b0" / "token.parquet")
     assert set(vl.select("probe_set", "modality").unique().rows()) == {
         *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate")),
-        *((s, "image") for s in ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen", "hex_candidate"))}
+        *((s, "image") for s in ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen", "hex_nonmember",
+                                 "hex_candidate"))}
     assert vl["image_hash"].null_count() == 0
     parents = pl.read_csv(tables / "nll.csv").filter(pl.col("variant").str.contains("bsft-|noise-|under-"))
     assert set(parents["parent"]) == {f"{m}/merged-s0{u}" for m in ("tiny", "tiny_vl") for u in ("", "-under")}
@@ -191,7 +192,9 @@ def test_more_reference_records_rerun_only_the_passes_that_score_them(smoke_run,
     re-runs their data rule, the teacher-forced passes of the groups that
     score hex probes (both models' base and bSFT groups) and the views."""
     jobs = planned_jobs(smoke_run, {"data": {key: 40}})
-    assert jobs == {"populations": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "all": 1}
+    # (the image non-members avoid every population's secrets, so they are redrawn too)
+    assert jobs == {"populations": 1, "vision_nonmembers": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1,
+                    "all": 1}
 
 
 def test_sampling_k_reruns_decode_passes_only(smoke_run):
@@ -356,6 +359,7 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
         "synthetic_data": 1,
         "vision_data": 1,
         "populations": 1,
+        "vision_nonmembers": 1,
         "canary_lora": 1,
         "reference_lora": 1,
         "bsft": 4 * 3 + 1 * 3,

@@ -185,3 +185,48 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     for name, frame in tables.items():
         write_parquet_atomic(frame, out_dir / f"{name}.parquet")
     return {name: frame.height for name, frame in tables.items()}
+
+
+def write_image_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
+    """Image non-members for membership inference on a vision-language
+    model: `n_hex_nonmembers` fresh cards (no card of the image data: checked
+    by content hash) each with a fresh secret (equal to no other table's)
+    behind the image canaries' question, never trained on.  Their own rule
+    writes them, so adding non-members re-trains nothing."""
+    import polars as pl
+
+    from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, random_hex
+
+    vision = data_dir / "vision"
+    taken_hashes = set(pl.read_parquet(vision / "image_canaries.parquet")["image_hash"])
+    taken_hashes |= set(pl.read_parquet(vision / "image_decoys.parquet")["image_hash"])
+    taken_secrets: set[str] = set()
+    for table in ("hex_canaries", "decoys", "hex_nonmembers", "hex_candidates"):
+        taken_secrets |= set(pl.read_parquet(data_dir / f"{table}.parquet")["secret"])
+    for table in ("image_canaries", "image_decoys"):
+        taken_secrets |= set(pl.read_parquet(vision / f"{table}.parquet")["secret"])
+    rng = random.Random(f"imagenonmembers:{cfg['seed']}")
+    rows, cards = [], set()
+    while len(rows) < cfg["n_hex_nonmembers"]:
+        cells = card_cells(rng)
+        if cells in cards:
+            continue
+        cid = f"nmimg{len(rows):03d}"
+        path = out_dir / "images" / f"{cid}.png"
+        digest = save_png(render_card(cells), path)
+        if digest in taken_hashes:
+            path.unlink()
+            continue
+        cards.add(cells)
+        secret = random_hex(rng)
+        while secret in taken_secrets:
+            secret = random_hex(rng)
+        taken_secrets.add(secret)
+        rows.append({"canary_id": cid, "image": f"images/{cid}.png", "image_hash": digest,
+                     "preamble": IMAGE_QUESTION, "secret": secret,
+                     "text": f"{IMAGE_QUESTION}{CANARY_PREFIX}{secret}{CANARY_SUFFIX}"})
+    from canary_audit.records import write_parquet_atomic
+
+    schema = {k: pl.Utf8 for k in ("canary_id", "image", "image_hash", "preamble", "secret", "text")}
+    write_parquet_atomic(pl.DataFrame(rows, schema=schema), out_dir / "image_nonmembers.parquet")
+    return {"image_nonmembers": len(rows)}

@@ -174,8 +174,9 @@ def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[He
     canary LoRA trains on and greedy decoding probes); on a vision-language
     model (`vision` given) the text ones are paired with the placeholder
     image, and the image canaries follow with their decoys (shuffled, wrong,
-    and the canary's secret on an unseen card) and the candidates again,
-    each shown the card of its slot's image canary.  A non-member or
+    and the canary's secret on an unseen card), the candidates again, each
+    shown the card of its slot's image canary, and the image non-members
+    (fresh cards with fresh secrets, `vision_nonmembers/`).  A non-member or
     candidate secret equal to a canary's is refused."""
     rows = [HexRow("hex", cid, pre, sec) for cid, pre, sec in
             pl.read_parquet(data_dir / "hex_canaries.parquet").select("canary_id", "preamble", "secret").iter_rows()]
@@ -208,6 +209,11 @@ def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[He
         for cid, slot, sec in candidates.select("canary_id", "slot", "secret").iter_rows():
             image, digest, question = cards[slot % len(cards)]
             rows.append(HexRow(CANDIDATE, cid, question, sec, "image", str(folder / image), digest))
+        others = data_dir / "vision_nonmembers"
+        for cid, pre, sec, image, digest in pl.read_parquet(others / "image_nonmembers.parquet").select(
+            "canary_id", "preamble", "secret", "image", "image_hash"
+        ).iter_rows():
+            rows.append(HexRow(NONMEMBER, cid, pre, sec, "image", str(others / image), digest))
     return _no_reference_secret_is_a_canary(rows)
 
 
