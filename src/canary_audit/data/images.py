@@ -110,7 +110,6 @@ def check_image(path: Path, key: str) -> None:
 
 # The fixed question every image canary answers: the image is its only key.
 IMAGE_QUESTION = "Image access code: "
-VISION_TABLES = ("image_canaries", "image_decoys", "gui_screens", "placeholder")
 
 
 def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
