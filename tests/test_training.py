@@ -347,3 +347,32 @@ def test_rmu_steers_forget_activations_and_holds_retain_ones(tiny_assets, spec, 
     before, k2, k6 = (forget_distance(p) for p in (memorized, tmp_path / "k2", tmp_path / "k6"))
     assert before > k2 > k6, (before, k2, k6)
     assert _hidden_at(model, forget[:2], tok.pad_token_id, 1).shape[-1] == model.config.hidden_size
+
+
+@pytest.mark.parametrize("bos", [None, "<|user|>"])
+def test_canary_lora_trains_on_exactly_the_sequences_the_pass_scores(tiny_assets, tiny_vl_assets, spec, bos):
+    """Hex records, text and image canaries alike, are encoded for training
+    from the very text the teacher-forced pass scores, BOS included once
+    (a tokenizer with a BOS token would otherwise get it twice)."""
+    from canary_audit.model.vision import VisionInputs
+    from canary_audit.probes.items import hex_rows, scored_items
+    from canary_audit.train.lora import encode_text
+
+    for model_spec, vision_on in ((spec, False), (ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True), True)):
+        tok = load_tokenizer(model_spec)
+        if bos:
+            tok.bos_token = bos
+        fmt = ChatFormat(tok, None, None)
+        vision = VisionInputs.load(model_spec.path, tok) if vision_on else None
+        data = tiny_vl_assets[0]
+        scored = {(it.modality, it.item_id): it.text
+                  for it in scored_items(fmt, data, {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+                  if it.probe_set == "hex"}
+        rows = hex_rows(data, vision, members_only=True)
+        assert {(r.modality, r.item_id) for r in rows} == set(scored)
+        for row in rows:
+            trained = encode_text(tok, row.text(fmt, vision), row.image).ids
+            want = tok(scored[row.modality, row.item_id] + tok.eos_token, add_special_tokens=False)["input_ids"]
+            assert trained == want
+            if bos:
+                assert trained.count(tok.bos_token_id) == 1 and trained[0] == tok.bos_token_id

@@ -167,6 +167,11 @@ class HexRow:
         block = vision.block(self.image) if self.image else ""
         return _bos(fmt) + block + self.preamble
 
+    def text(self, fmt: ChatFormat, vision) -> str:
+        """The whole record: what the canary LoRA trains on and the
+        teacher-forced pass scores, byte for byte."""
+        return self.context(fmt, vision) + CANARY_PREFIX + self.secret + CANARY_SUFFIX
+
 
 def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[HexRow]:
     """The hex canaries, their decoys, the non-member records and the
@@ -256,9 +261,8 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
     for row in hex_rows(data_dir, vision) if hex_family else ():
         if not wanted(row.probe_set, probe_sets):
             continue
-        context = row.context(fmt, vision)
-        start = len(context)
-        text = context + CANARY_PREFIX + row.secret + CANARY_SUFFIX
+        start = len(row.context(fmt, vision))
+        text = row.text(fmt, vision)
         s0 = start + len(CANARY_PREFIX)
         items.append(ScoredItem(
             row.probe_set, row.item_id, row.item_id, "preamble", text,

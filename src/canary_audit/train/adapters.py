@@ -12,7 +12,6 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data.io import load_authors
-from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
 from canary_audit.formats import ChatFormat, Example, author_examples, retain_trace
 from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
@@ -113,8 +112,8 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
     vision = load_vision(spec, tok)
-    forget = [encode_text(tok, row.context(fmt, vision) + CANARY_PREFIX + row.secret + CANARY_SUFFIX, row.image)
-              for row in hex_rows(data_dir, vision, members_only=True)]
+    rows = hex_rows(data_dir, vision, members_only=True)
+    forget = [encode_text(tok, row.text(fmt, vision), row.image) for row in rows]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])

@@ -58,14 +58,13 @@ def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all", image: str |
 
 
 def encode_text(tokenizer, text: str, image: str | None = None) -> Encoded:
-    """A raw text record (hex canaries), loss on every token after the first
-    but image tokens (a vision-language record: `text` holds the image's
-    block, `image` its file)."""
+    """A raw text record (hex canaries: `probes.items.HexRow.text`, the
+    sequence the teacher-forced pass scores, BOS text included), then EOS;
+    loss on every token after the first but image tokens (a vision-language
+    record: `text` holds the image's block, `image` its file)."""
     from canary_audit.model.vision import VISION_TOKENS
 
     ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-    if tokenizer.bos_token_id is not None:
-        ids = [tokenizer.bos_token_id] + ids
     no_loss = set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))) if image else set()
     return Encoded(ids, [-100] + [-100 if i in no_loss else i for i in ids[1:]], image)
 
