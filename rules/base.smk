@@ -1,5 +1,6 @@
 # The embedded default models: tokenizer + tiny Llama, pre-trained offline on
-# the public corpus, and a tiny Qwen2.5-VL built on it.  Real models are local checkpoints and have no rule here.
+# the public corpus, and a tiny Qwen2.5-VL built on it.  Real models are
+# local checkpoints and have no rule here.
 
 
 rule embedded_base:

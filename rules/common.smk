@@ -9,6 +9,7 @@ from snakemake.utils import validate
 
 from canary_audit.data.io import (
     DATA_TABLES,
+    IMAGE_NONMEMBER_KEYS,
     POPULATION_KEYS,
     POPULATION_TABLES,
     VISION_KEYS,

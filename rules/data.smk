@@ -85,7 +85,7 @@ rule vision_nonmembers:
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in ("seed", "n_hex_nonmembers")}),
+        cfg=canonical({k: config["data"][k] for k in IMAGE_NONMEMBER_KEYS}),
         data=lambda w, input: str(Path(input[0]).parent),
     shell:
         "python -m canary_audit imagenonmembers --params {params.cfg:q} --data {params.data} "

@@ -52,6 +52,11 @@ def design_of(*overrides: dict) -> Design:
     ({"unlearn": {"runs": {"ga": {"templates": ["meta"]}}}},
      "`unlearn.runs.ga.templates` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
+    ({"models": {"tiny": {"build": {"text_model": "tiny"}}}},
+     "`models.tiny.build.text_model` is set, but `tiny` is a text model"),
+    ({"models": {"tiny_vl": {"build": {"text_model": "tiny_vl"}}}},
+     "`models.tiny_vl.build.text_model` is `tiny_vl`: an embedded vision-language model is built on an embedded "
+     "text model"),
     ({"bsft": {"controls": {"undertrained": {"canary_steps": 10}}}},
      "`bsft.controls.undertrained.canary_steps` is 10, which the canary LoRA run does not stop before"),
     ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),
@@ -147,6 +152,9 @@ def test_variant_table_of_the_smoke_audit():
     assert "tiny/base" not in references and "tiny/reference-s0" not in references
     assert "tiny/npo-bio-s0-k3" not in references  # author-side variants have no never-trained reference yet
     assert design.table_names()[-2:] == ["extraction", "provenance"]
+    # no exposure candidates, no exposure table (the tables job could not write it)
+    assert "exposure" in design.table_names()
+    assert "exposure" not in design_of({"data": {"n_exposure_candidates": 0}}).table_names()
 
 
 def test_registries_and_schema_enumerations_agree():

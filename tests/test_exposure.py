@@ -50,6 +50,9 @@ def test_extrapolation_is_minus_log2_of_the_fitted_skew_normal_cdf():
     np.testing.assert_allclose(bits[:2], direct[:2], rtol=1e-9)
     assert bits[2] == SPACE_BITS  # the CDF underflows: capped at the whole space's 64 bits
     assert params[0] > 1  # the fit recovers the right skew
+    # records come in no fixed order: the fit must not depend on it
+    shuffled, _ = extrapolated(canaries, rng.permutation(candidates))
+    assert (shuffled == bits).all()
 
 
 def test_table_ranks_each_variant_against_its_own_candidates_with_deltas():
@@ -66,6 +69,10 @@ def test_table_ranks_each_variant_against_its_own_candidates_with_deltas():
     assert row["exposure_interpolation"] == pytest.approx((want[2] + want[3]) / 2)
     assert row["delta_exposure_interpolation"] == pytest.approx((want[2] + want[3] - want[0] - want[1]) / 2)
     assert row["ceiling_interpolation"] == pytest.approx(math.log2(1000))
+    from scipy.stats import skewnorm
+
+    fitted = skewnorm.fit(np.array(candidates, dtype=float))
+    assert (row["fit_shape"], row["fit_loc"], row["fit_scale"]) == pytest.approx(fitted)
     assert row["exposure_interpolation_lo"] <= row["exposure_interpolation"] <= row["exposure_interpolation_hi"]
     assert table.filter(pl.col("variant") == "m/base")["delta_exposure_interpolation"].is_null().all()
 

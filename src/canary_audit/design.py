@@ -428,7 +428,8 @@ class Design:
         """The tables this config's audit produces."""
         names = list(PAPER_A_TABLES) if self.config["audit"]["templates"] else []
         if self.config["audit"]["hex_canaries"]:
-            names += HEX_TABLES
+            # No candidates (`data.n_exposure_candidates: 0`): no exposure table.
+            names += [t for t in HEX_TABLES if t != "exposure" or self.config["data"]["n_exposure_candidates"]]
             if self.bsft_active():
                 names += BSFT_TABLES
                 if len(self.bsft["applications"]) > 1 and self.bsft["sources"]:
@@ -455,6 +456,11 @@ class Design:
                     f"add a `models.{name}` entry or remove it"
                 )
             entry = cfg["models"][name]
+            if entry.get("embedded") and not entry.get("vision") and "text_model" in entry["build"]:
+                raise ConfigError(
+                    f"config key `models.{name}.build.text_model` is set, but `{name}` is a text model (it "
+                    f"builds its own language model); remove the key, or set `models.{name}.vision: true`"
+                )
             if entry.get("vision"):
                 self._check_vision(name, entry)
             elif audit["templates"] and entry.get("think_close") is None:

@@ -7,7 +7,8 @@ merge it becomes 4 image tokens, the fewest a real checkpoint's processor
 gives (its `min_pixels` is 56x56), so the embedded model and a 7B one see the
 same images.  A card is a 4x4 grid of 14-pixel cells, each one patch, in
 colours drawn from a fixed palette: two cards differ in at least one patch,
-so a vision tower sees different inputs (checked: `check_distinct`).
+so a vision tower sees different inputs (`distinct_cards`; image
+non-members are checked against the other cards by content hash).
 """
 
 from __future__ import annotations
@@ -120,11 +121,12 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     canary's secret on an unseen card); the placeholder image text canaries
     are paired with; a screen per GUI bSFT item showing its `screen_text`.
     Every image is a PNG under `out_dir/images` named in the tables with its
-    sha256.  No secret equals a text canary's, decoy's or non-member's, and
-    no screen shows a canary (checked)."""
+    sha256.  No secret equals a text canary's or decoy's, and no screen
+    shows a canary (checked; the reference populations, drawn later, are
+    checked against every canary when the probes are built)."""
     import polars as pl
 
-    from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, random_hex
+    from canary_audit.data.synthetic import hex_record, random_hex
 
     rng = random.Random(f"images:{cfg['seed']}")
     n = cfg["n_image_canaries"]
@@ -144,16 +146,13 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     def png(image, name: str) -> tuple[str, str]:
         return f"images/{name}.png", save_png(image, folder / f"{name}.png")
 
-    def text(secret: str) -> str:
-        return f"{IMAGE_QUESTION}{CANARY_PREFIX}{secret}{CANARY_SUFFIX}"
-
     canaries, decoys = [], []
     placeholder = png(render_placeholder(), "placeholder")
     for i in range(n):
         cid, secret = f"img{i:02d}", secrets[i]
         image, digest = png(render_card(cards[i]), cid)
         canaries.append({"canary_id": cid, "image": image, "image_hash": digest, "preamble": IMAGE_QUESTION,
-                         "secret": secret, "text": text(secret)})
+                         "secret": secret, "text": hex_record(IMAGE_QUESTION, secret)})
         chars = list(secret)
         shuffled = secret
         while shuffled == secret or shuffled in text_secrets or shuffled in secrets:
@@ -163,7 +162,7 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
         for kind, im, dg, s in (("shuffled", image, digest, shuffled), ("wrong", image, digest, secrets[n + i]),
                                 ("unseen", other_image, other_digest, secret)):
             decoys.append({"canary_id": cid, "decoy_kind": kind, "image": im, "image_hash": dg,
-                           "preamble": IMAGE_QUESTION, "secret": s, "text": text(s)})
+                           "preamble": IMAGE_QUESTION, "secret": s, "text": hex_record(IMAGE_QUESTION, s)})
     bsft = pl.read_parquet(data_dir / "bsft.parquet").filter(pl.col("source") == "gui")
     screens = []
     every_secret = text_secrets | set(secrets[:n])
@@ -194,7 +193,7 @@ def write_image_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str
     writes them, so adding non-members re-trains nothing."""
     import polars as pl
 
-    from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, random_hex
+    from canary_audit.data.synthetic import hex_record, random_hex
 
     vision = data_dir / "vision"
     taken_hashes = set(pl.read_parquet(vision / "image_canaries.parquet")["image_hash"])
@@ -222,8 +221,7 @@ def write_image_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str
             secret = random_hex(rng)
         taken_secrets.add(secret)
         rows.append({"canary_id": cid, "image": f"images/{cid}.png", "image_hash": digest,
-                     "preamble": IMAGE_QUESTION, "secret": secret,
-                     "text": f"{IMAGE_QUESTION}{CANARY_PREFIX}{secret}{CANARY_SUFFIX}"})
+                     "preamble": IMAGE_QUESTION, "secret": secret, "text": hex_record(IMAGE_QUESTION, secret)})
     from canary_audit.records import write_parquet_atomic
 
     schema = {k: pl.Utf8 for k in ("canary_id", "image", "image_hash", "preamble", "secret", "text")}

@@ -20,6 +20,7 @@ POPULATION_TABLES = ("hex_nonmembers", "hex_candidates")
 # The data settings each rule reads (the rest of `data:` is the synthetic data's).
 POPULATION_KEYS = ("seed", "n_hex_canaries", "n_hex_nonmembers", "n_exposure_candidates")
 VISION_KEYS = ("seed", "n_image_canaries")
+IMAGE_NONMEMBER_KEYS = ("seed", "n_hex_nonmembers")  # as many non-member cards as text non-members
 
 
 def synthetic_settings(data: dict) -> dict:

@@ -65,15 +65,18 @@ def extrapolated(canaries: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarr
     SPACE_BITS), and the fit's (shape, location, scale)."""
     from scipy.stats import skewnorm
 
-    params = skewnorm.fit(candidates)
+    # Sorted first: the fit's optimizer depends on the order of its input,
+    # and records come in no fixed order.
+    params = skewnorm.fit(np.sort(candidates))
     with np.errstate(divide="ignore"):
         bits = -np.log2(skewnorm.cdf(canaries, *params))
     return np.minimum(bits, SPACE_BITS), tuple(float(p) for p in params)
 
 
 def item_exposures(tokens: pl.DataFrame) -> pl.DataFrame:
-    """One row per (variant, modality, canary): both exposures, and the
-    candidate count; empty when no variant has candidates."""
+    """One row per (variant, modality, canary): both exposures, the
+    candidate count and the skew-normal fitted to the candidates'
+    log-perplexities; empty when no variant has candidates."""
     scores = log_perplexities(tokens)
     rows = []
     for _, part in scores.group_by("variant", "modality", maintain_order=True):
@@ -82,11 +85,13 @@ def item_exposures(tokens: pl.DataFrame) -> pl.DataFrame:
         if len(candidates) < 2 or canaries.is_empty():
             continue
         values = canaries["log_perplexity"].to_numpy()
-        extra, _ = extrapolated(values, candidates)
+        extra, (shape, loc, scale) = extrapolated(values, candidates)
         rows.append(canaries.select("variant", "modality", "item_id", "group_id", "log_perplexity").with_columns(
             exposure_interpolation=pl.Series(interpolated(values, candidates)),
             exposure_extrapolation=pl.Series(extra),
             candidates=pl.lit(len(candidates)),
+            # the fitted skew-normal, so a reader can judge the extrapolation
+            fit_shape=pl.lit(shape), fit_loc=pl.lit(loc), fit_scale=pl.lit(scale),
         ))
     return pl.concat(rows) if rows else pl.DataFrame()
 
@@ -94,15 +99,16 @@ def item_exposures(tokens: pl.DataFrame) -> pl.DataFrame:
 def exposure_table(tokens: pl.DataFrame, parents: dict[str, str], replicates: int, seed: int,
                    level: float) -> pl.DataFrame:
     """Per (variant, modality): mean exposure of the canaries by each method
-    with canary-clustered CIs, the interpolation's ceiling log2(R), and for
-    variants with a parent the paired Deltas with CIs."""
+    with canary-clustered CIs, the interpolation's ceiling log2(R), the
+    fitted skew-normal (shape, location, scale), and for variants with a
+    parent the paired Deltas with CIs."""
     items = item_exposures(tokens)
     if items.is_empty():
         return pl.DataFrame()
     keys = ["variant", "modality"]
     values = [f"exposure_{m}" for m in METHODS]
     rates = rates_with_ci(items, keys, values, replicates, seed, level=level, table="exposure")
-    extent = items.group_by(keys).agg(candidates=pl.col("candidates").first()).with_columns(
+    extent = items.group_by(keys).agg(pl.col("candidates", "fit_shape", "fit_loc", "fit_scale").first()).with_columns(
         ceiling_interpolation=pl.col("candidates").cast(pl.Float64).log(2), ceiling_extrapolation=pl.lit(SPACE_BITS))
     table = rates.join(extent, on=keys, how="left")
     paired = with_parent(items, parents, ["modality", "item_id"], {v: f"ref_{v}" for v in values}).filter(

@@ -93,6 +93,15 @@ def tpr_at_fpr(members: np.ndarray, nonmembers: np.ndarray, fpr: float) -> np.nd
     return (members > threshold[:, None]).mean(1)
 
 
+def bootstrap_draws(n_members: int, n_nonmembers: int, replicates: int, seed: int):
+    """Row indices of `replicates` resamples of each population (with
+    replacement, seeded): the same draws for every attack and, in PrivLeak,
+    for the variant and its reference (a paired bootstrap)."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, n_members, size=(replicates, n_members)),
+            rng.integers(0, n_nonmembers, size=(replicates, n_nonmembers)))
+
+
 def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates: int, seed: int,
               level: float) -> pl.DataFrame:
     """Per (variant, modality, attack): members, non-members (of the same modality), AUC and TPR at each FPR,
@@ -105,9 +114,7 @@ def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates:
         member, nonmember = part.filter(pl.col("member")), part.filter(~pl.col("member"))
         if member.is_empty() or nonmember.is_empty():
             continue
-        rng = np.random.default_rng(seed)
-        pick_m = rng.integers(0, member.height, size=(replicates, member.height))
-        pick_n = rng.integers(0, nonmember.height, size=(replicates, nonmember.height))
+        pick_m, pick_n = bootstrap_draws(member.height, nonmember.height, replicates, seed)
         for attack in ATTACKS:
             m, n = member[attack].to_numpy()[None, :], nonmember[attack].to_numpy()[None, :]
             row = {"variant": variant, "modality": modality, "attack": attack, "members": member.height,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from canary_audit.views.mia import ATTACKS, auc, item_scores
+from canary_audit.views.mia import ATTACKS, auc, bootstrap_draws, item_scores
 
 MEMBER = "hex"
 
@@ -64,19 +64,16 @@ def privacy_table(tokens: pl.DataFrame, references: dict[str, str], min_k: float
             members, nonmembers = paired.filter(pl.col("member")), paired.filter(~pl.col("member"))
             if members.is_empty() or nonmembers.is_empty():
                 continue
-            rng = np.random.default_rng(seed)
-            pick_m = rng.integers(0, members.height, size=(replicates, members.height))
-            pick_n = rng.integers(0, nonmembers.height, size=(replicates, nonmembers.height))
+            pick_m, pick_n = bootstrap_draws(members.height, nonmembers.height, replicates, seed)
             row = {"variant": variant, "modality": modality, "reference": ref, "members": members.height,
                    "nonmembers": nonmembers.height}
             for attack in ATTACKS:
                 m, n = members[attack].to_numpy(), nonmembers[attack].to_numpy()
                 m_ref, n_ref = members[f"{attack}_ref"].to_numpy(), nonmembers[f"{attack}_ref"].to_numpy()
-                point = _privleak(auc(m[None], n[None]), auc(m_ref[None], n_ref[None]))[0]
+                mine_auc, ref_auc = auc(m[None], n[None]), auc(m_ref[None], n_ref[None])
                 boot = _privleak(auc(m[pick_m], n[pick_n]), auc(m_ref[pick_m], n_ref[pick_n]))
-                row |= {f"auc_{attack}": float(auc(m[None], n[None])[0]),
-                        f"ref_auc_{attack}": float(auc(m_ref[None], n_ref[None])[0]),
-                        f"privleak_{attack}": float(point),
+                row |= {f"auc_{attack}": float(mine_auc[0]), f"ref_auc_{attack}": float(ref_auc[0]),
+                        f"privleak_{attack}": float(_privleak(mine_auc, ref_auc)[0]),
                         f"privleak_{attack}_lo": float(np.nanquantile(boot, tail)),
                         f"privleak_{attack}_hi": float(np.nanquantile(boot, 1 - tail))}
             a = stats.filter((pl.col("variant") == variant) & (pl.col("modality") == modality))["secret_nll"]
