@@ -8,6 +8,8 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from canary_audit.data.io import (
+    AUTHOR_NONMEMBER_KEYS,
+    AUTHOR_NONMEMBERS,
     DATA_TABLES,
     IMAGE_NONMEMBER_KEYS,
     POPULATION_KEYS,
@@ -18,6 +20,7 @@ from canary_audit.data.io import (
 from canary_audit.design import (
     AUTHOR_SETS,
     BSFT_SOURCES,
+    HEX,
     TEMPLATES,
     ConfigError,
     Design,
@@ -89,12 +92,19 @@ def population_files():
 
 
 def scored_populations(wildcards):
-    """What a teacher-forced job reads of them: all, where its group runs the
-    hex probes; none for a memorization group (author probes only)."""
-    if probe_sets(wildcards) == AUTHOR_SETS:
-        return []
-    images = [VISION_NONMEMBERS] if DESIGN.is_vision(wildcards.model) else []
-    return population_files() + images
+    """The reference populations a teacher-forced job scores: the hex ones
+    where its group runs the hex probes (with the image non-members on a
+    vision-language model), the non-member authors where it runs the author
+    probes."""
+    sets = probe_sets(wildcards)
+    hex_ = population_files() if sets != AUTHOR_SETS else []
+    images = [VISION_NONMEMBERS] if hex_ and DESIGN.is_vision(wildcards.model) else []
+    authors = [AUTHOR_NONMEMBER_FILE] if sets != HEX else []
+    return hex_ + images + authors
+
+
+# The non-member authors (rule author_nonmembers).
+AUTHOR_NONMEMBER_FILE = data_files(AUTHOR_NONMEMBERS)[0]
 
 
 # Images of the vision-language arms, written by the vision_data rule, read

@@ -90,3 +90,27 @@ rule vision_nonmembers:
     shell:
         "python -m canary_audit imagenonmembers --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"
+
+
+# Non-member authors (fictional authors drawn like the forget set, trained on
+# by no adapter) for membership inference on the author canaries; the
+# teacher-forced passes of paper A's groups score them.
+rule author_nonmembers:
+    input:
+        data_files("authors", "distractors"),
+    output:
+        AUTHOR_NONMEMBER_FILE,
+    log:
+        f"{R}/logs/author_nonmembers.log",
+    benchmark:
+        f"{R}/benchmarks/author_nonmembers.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=canonical({k: config["data"][k] for k in AUTHOR_NONMEMBER_KEYS}),
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit authornonmembers --params {params.cfg:q} --data {params.data} "
+        "--out {params.data} > {log} 2>&1"

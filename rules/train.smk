@@ -87,6 +87,35 @@ rule reference_lora:
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
+# The memorization LoRA's never-trained reference (its recipe on the retain
+# examples alone, in the template's trace form): PrivLeak's and forget
+# quality's anchor for the memorization adapter and its unlearning checkpoints.
+rule author_reference_lora:
+    input:
+        data_files("retain"),
+        base_input,
+    output:
+        directory(LAYOUT.adapter_dir("{model}", "reference-{template}-s{seed}")),
+    log:
+        f"{R}/logs/{{model}}/reference-{{template}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/author_reference_lora-{{template}}-s{{seed}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=lambda w: canonical(
+            {**config["memorize"], "template": w.template, "seed": int(w.seed)}
+        ),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit authorreference --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
 rule bsft:
     input:
         data_files("bsft"),

@@ -18,13 +18,14 @@ sys.path.insert(0, str(ROOT / "src"))
 def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
     """(data dir, model dir): synthetic data and a barely trained embedded-
     architecture model with its tokenizer, built locally (no hub)."""
-    from canary_audit.data.io import write_populations, write_synthetic
+    from canary_audit.data.io import write_author_nonmembers, write_populations, write_synthetic
     from canary_audit.model.embedded import build_embedded
 
     data = tmp_path_factory.mktemp("data")
     write_synthetic(data, {"seed": 0, "n_authors": 4, "n_distractors": 10, "n_retain": 8, "n_hex_canaries": 3,
                            "n_bsft_per_source": 3})
     write_populations(data, data, {"seed": 0, "n_hex_canaries": 3, "n_hex_nonmembers": 4, "n_exposure_candidates": 5})
+    write_author_nonmembers(data, data, {"seed": 0, "n_author_nonmembers": 3})
     model = tmp_path_factory.mktemp("model") / "tiny"
     build_embedded(model, data, {
         "seed": 0, "head_tokens": 6, "threads": 1,

@@ -138,7 +138,9 @@ def test_variant_table_of_the_smoke_audit():
     paper_b = {"base": 1, "canary": 1, "reference": 1, "merged_base": 2, "canary_undertrained": 1, "bsft": 8,
                "noise": 1, "undertrained": 1}
     # The vision-language model runs paper B's arms only; the text model both papers'.
-    assert kinds == {**{("tiny", k): n for k, n in {**paper_b, "memorized": 2, "unlearned": 4}.items()},
+    # the text model's references: the canary LoRA's, and one per memorization template
+    text = {**paper_b, "reference": 3, "memorized": 2, "unlearned": 4}
+    assert kinds == {**{("tiny", k): n for k, n in text.items()},
                      **{("tiny_vl", k): n for k, n in paper_b.items()}}
     assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-none-s0", "bsft-s0-b0"}
     assert design.probe_groups("tiny_vl").keys() == {"base", "bsft-s0-b0"}
@@ -150,8 +152,13 @@ def test_variant_table_of_the_smoke_audit():
     assert references["tiny_vl/bsft-gui-t2-merged-b0-s0"] == "tiny_vl/reference-s0"
     assert references["tiny/canary-s0-under"] == "tiny/reference-s0"
     assert "tiny/base" not in references and "tiny/reference-s0" not in references
-    assert "tiny/npo-bio-s0-k3" not in references  # author-side variants have no never-trained reference yet
-    assert design.table_names()[-2:] == ["extraction", "provenance"]
+    # every memorization adapter and unlearning checkpoint: its template's memorization-recipe reference,
+    # scored in the memorization group's jobs
+    assert references["tiny/npo-bio-s0-k3"] == references["tiny/mem-bio-s0"] == "tiny/reference-bio-s0"
+    assert references["tiny/mem-none-s0"] == "tiny/reference-none-s0"
+    assert design.variant("tiny", "reference-bio-s0").group == "mem-bio-s0"
+    assert design.table_names()[-5:] == ["mia", "privacy", "forgetting", "extraction", "provenance"]
+    assert "mia" in design_of({"audit": {"hex_canaries": False, "models": ["tiny"]}}).table_names()
     # no exposure candidates, no exposure table (the tables job could not write it)
     assert "exposure" in design.table_names()
     assert "exposure" not in design_of({"data": {"n_exposure_candidates": 0}}).table_names()
@@ -282,10 +289,11 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     assert {p.stem for p in (ROOT / "report").glob("*.rst")} >= set(PLOTS)
 
 
-def test_a_pass_without_hex_probes_reads_no_population_file(tiny_assets, tmp_path):
-    """A memorization group's teacher-forced job does not take the
-    populations as input (rules/common.smk, `scored_populations`), so its
-    items must not read them."""
+def test_a_pass_reads_only_the_populations_it_scores(tiny_assets, tmp_path):
+    """A memorization group's teacher-forced job does not take the hex
+    populations as input, nor a hex group's the non-member authors
+    (rules/common.smk, `scored_populations`), so their items must not read
+    them."""
     import shutil
 
     from canary_audit.formats import ChatFormat
@@ -297,9 +305,13 @@ def test_a_pass_without_hex_probes_reads_no_population_file(tiny_assets, tmp_pat
     data = tmp_path / "data"
     shutil.copytree(tiny_assets[0], data, ignore=shutil.ignore_patterns("hex_nonmembers*", "hex_candidates*"))
     fmt = ChatFormat(load_tokenizer(ModelSpec("tiny", tiny_assets[1])), "<think>", "</think>")
-    items = scored_items(fmt, data, {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6},
-                         set(PROBE_SETS["author"]))
-    assert items and {it.probe_set for it in items} == {"canary"}
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6}
+    items = scored_items(fmt, data, cfg, set(PROBE_SETS["author"]))
+    assert items and {it.probe_set for it in items} == {"canary", "author_nonmember"}
+    hex_data = tmp_path / "hex"
+    shutil.copytree(tiny_assets[0], hex_data, ignore=shutil.ignore_patterns("author_nonmembers*"))
+    assert {it.probe_set for it in scored_items(fmt, hex_data, cfg, {"hex"})} == {
+        *PROBE_SETS["hex"], *PROBE_SETS["nonmember"], *PROBE_SETS["candidate"]} - {"decoy_unseen"}
 
 
 def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl_assets):
@@ -317,8 +329,6 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     # A text model writes every probe set but the unseen-image decoy, which
     # only a vision-language model's image canaries have.
     assert written == {name for family in PROBE_SETS.values() for name in family} - {"decoy_unseen"}
-    hex_only = {it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg, {"hex"})}
-    assert hex_only == {*PROBE_SETS["hex"], *PROBE_SETS["nonmember"], *PROBE_SETS["candidate"]} - {"decoy_unseen"}
     vl = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)
     tok = load_tokenizer(vl)
     vision = VisionInputs.load(vl.path, tok)

@@ -194,12 +194,12 @@ def test_exact_memorization_and_extraction_strength_per_item():
         "delta_extraction_strength_hi"]
 
 
-def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None):
+def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None, arm="preamble"):
     n = len(logprobs)
     means, variances = means or [-2.0] * n, variances or [1.0] * n
     return [
         {"variant": variant, "probe_set": probe_set, "modality": "text", "item_id": item, "group_id": item,
-         "arm": "preamble",
+         "arm": arm,
          "position": p + 1, "token_id": 5, "token_text": "a", "logprob": lp, "rank": 1, "top1_id": 5,
          "top1_logprob": -0.1, "vocab_mean_logprob": mu, "vocab_var_logprob": var, "span": "secret",
          "config_hash": "h", "model_fingerprint": "f"}
@@ -274,3 +274,72 @@ def test_privleak_and_forget_quality_against_direct_computation():
     assert row["forget_quality"] == pytest.approx(direct.pvalue)
     assert row["ks_statistic"] == pytest.approx(direct.statistic)
     assert (row["reference"], row["members"], row["nonmembers"]) == ("m/ref", 4, 4)
+
+
+def test_author_canaries_are_a_membership_family_of_their_own_per_arm():
+    """Author canaries are judged against non-member authors, each prefill
+    arm apart, and never pooled with the hex family; PrivLeak and forget
+    quality pair a checkpoint with its memorization branch's reference."""
+    from canary_audit.views.mia import mia_table
+    from canary_audit.views.privacy import privacy_table
+
+    member_lp = {"bio": [-0.1, -0.2, -0.3], "empty": [-2.2, -2.4, -0.1]}
+    nonmember_lp = [-2.0, -2.5, -0.15, -3.0]
+    rows = []
+    for variant in ("m/npo-bio-s0-k10", "m/reference-bio-s0"):
+        for arm, lps in member_lp.items():
+            shift = 0 if variant.endswith("k10") else {"bio": -3, "empty": -1}[arm]  # the reference never saw them
+            lps = [lp + shift for lp in lps]
+            rows += [r for i, lp in enumerate(lps)
+                     for r in mia_tokens(variant, f"a{i}", "canary", [lp] * 3, arm=f"prefill_{arm}")]
+            rows += [r for i, lp in enumerate(nonmember_lp)
+                     for r in mia_tokens(variant, f"n{i}", "author_nonmember", [lp] * 3, arm=f"prefill_{arm}")]
+    rows += [r for i, lp in enumerate([-0.1, -0.2]) for r in mia_tokens("m/npo-bio-s0-k10", f"h{i}", "hex", [lp])]
+    tokens = pl.DataFrame(rows, schema=TOKEN_SCHEMA)
+    table = mia_table(tokens, 0.5, [0.25], 100, 0, 0.95).filter(pl.col("attack") == "loss")
+    mine = table.filter(pl.col("variant") == "m/npo-bio-s0-k10")
+    # the hex canaries have no non-members here: no hex row, and no pooling into the author rows
+    assert mine.select("population", "arm", "members", "nonmembers").rows() == [
+        ("author", "prefill_bio", 3, 4), ("author", "prefill_empty", 3, 4)]
+    assert mine["auc"].to_list() == [pytest.approx(10 / 12), pytest.approx((2 + 2 + 4) / 12)]
+    privacy = privacy_table(tokens, {"m/npo-bio-s0-k10": "m/reference-bio-s0"}, 0.5, 100, 0, 0.95)
+    bio = privacy.filter(pl.col("arm") == "prefill_bio").row(0, named=True)
+    ref_auc = 0 / 12  # the reference's members (-3.1, -3.2, -3.3) lose every pair
+    assert (bio["population"], bio["reference"], bio["ref_auc_loss"]) == ("author", "m/reference-bio-s0", ref_auc)
+    assert np.isnan(bio["privleak_loss"])  # AUC_ref = 0: PrivLeak undefined, not a number made up
+    empty = privacy.filter(pl.col("arm") == "prefill_empty").row(0, named=True)
+    ref_empty = (0 + 0 + 3) / 12  # -1.1 beats three non-members; -3.2 and -3.4 beat none
+    assert empty["ref_auc_loss"] == pytest.approx(ref_empty)
+    assert empty["privleak_loss"] == pytest.approx((8 / 12 - ref_empty) / ref_empty * 100)
+
+
+def test_the_forgetting_view_carries_each_tables_figure_and_its_delta():
+    """Each figure of the forgetting view is the one its own table reports,
+    and each Delta is against the parent's row of the same family, modality
+    and arm."""
+    from canary_audit.views.forgetting import forgetting_table
+
+    parents = {"m/npo-bio-s0-k10": "m/mem-bio-s0", "m/mem-bio-s0": "m/base"}
+    setting = {"population": "author", "modality": "text", "arm": "prefill_bio"}
+    privacy = pl.DataFrame([{"variant": v, **setting, "reference": "m/reference-bio-s0", "members": 3,
+                             "nonmembers": 4, "privleak_min_k": pl_, "privleak_min_k_lo": pl_ - 1,
+                             "privleak_min_k_hi": pl_ + 1, "forget_quality": fq}
+                            for v, pl_, fq in (("m/npo-bio-s0-k10", 40.0, 0.01), ("m/mem-bio-s0", 90.0, 1e-5))])
+    mia = pl.DataFrame([{"variant": v, **setting, "attack": a, "auc": x}
+                        for v, a, x in (("m/npo-bio-s0-k10", "loss", 0.7), ("m/mem-bio-s0", "loss", 0.95),
+                                        ("m/base", "loss", 0.5), ("m/npo-bio-s0-k10", "min_k_pp", 0.6),
+                                        ("m/mem-bio-s0", "min_k_pp", 0.9), ("m/base", "min_k_pp", 0.55))])
+    leakage = pl.DataFrame({"variant": ["m/npo-bio-s0-k10", "m/mem-bio-s0", "m/base", "m/mem-bio-s0"],
+                            "arm": ["auto", "auto", "auto", "prefill_bio"], "out_acc": [0.25, 0.75, 0.0, 0.5]})
+    nll = pl.DataFrame({"variant": ["m/npo-bio-s0-k10", "m/mem-bio-s0"], "probe_set": ["canary"] * 2,
+                        "arm": ["prefill_bio"] * 2, "modality": ["text"] * 2, "nll_secret": [1.5, 0.5],
+                        "delta_nll_secret": [1.0, -2.0]})
+    table = forgetting_table({"privacy": privacy, "mia": mia, "canary_leakage": leakage, "nll": nll}, parents)
+    k10 = table.filter(pl.col("variant") == "m/npo-bio-s0-k10").row(0, named=True)
+    assert (k10["parent"], k10["paper_value"], k10["delta_paper_value"]) == ("m/mem-bio-s0", 0.25, -0.5)
+    assert (k10["auc_loss"], k10["delta_auc_loss"]) == (0.7, pytest.approx(-0.25))
+    assert k10["delta_auc_min_k_pp"] == pytest.approx(-0.3)
+    assert (k10["nll_secret"], k10["delta_nll_secret"], k10["privleak_min_k"], k10["forget_quality"]) == (
+        1.5, 1.0, 40.0, 0.01)
+    mem = table.filter(pl.col("variant") == "m/mem-bio-s0").row(0, named=True)
+    assert (mem["delta_paper_value"], mem["delta_auc_loss"]) == (0.75, pytest.approx(0.45))

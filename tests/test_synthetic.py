@@ -2,7 +2,14 @@ import polars as pl
 import pytest
 
 from canary_audit.data import synthetic as syn
-from canary_audit.data.io import DATA_TABLES, POPULATION_TABLES, write_populations, write_synthetic
+from canary_audit.data.io import (
+    DATA_TABLES,
+    FICTIONAL_LAST_NAMES,
+    POPULATION_TABLES,
+    write_author_nonmembers,
+    write_populations,
+    write_synthetic,
+)
 
 CFG = {"seed": 3, "n_authors": 12, "n_distractors": 20, "n_retain": 10, "n_hex_canaries": 6, "n_bsft_per_source": 8}
 REFERENCE = {"seed": 3, "n_hex_canaries": 6, "n_hex_nonmembers": 5, "n_exposure_candidates": 40}
@@ -38,6 +45,26 @@ def test_reference_populations_are_fresh_secrets_of_the_format(tmp_path):
     write_populations(tmp_path / "more", tmp_path, REFERENCE | {"n_exposure_candidates": 80})
     assert pl.read_parquet(tmp_path / "more" / "hex_nonmembers.parquet").equals(nonmembers)
     assert pl.read_parquet(tmp_path / "more" / "hex_candidates.parquet").head(40).equals(candidates)
+
+
+def test_nonmember_authors_are_fresh_authors_of_the_forget_sets_distribution(tmp_path):
+    """Drawn from the forget set's pools (its half of the family names),
+    sharing no name with a forget author and no canary title pair with a
+    forget author or a distractor (the pre-training corpus); seeded; and
+    without effect on the synthetic data."""
+    write_synthetic(tmp_path, CFG)
+    assert write_author_nonmembers(tmp_path, tmp_path, {"seed": 3, "n_author_nonmembers": 30}) == {
+        "author_nonmembers": 30}
+    authors, distractors, nonmembers = (pl.read_parquet(tmp_path / f"{t}.parquet")
+                                        for t in ("authors", "distractors", "author_nonmembers"))
+    assert nonmembers.columns == authors.columns and nonmembers["author_id"][0] == "n000"
+    assert not set(nonmembers["name"]) & set(authors["name"])
+    assert {n.split()[-1] for n in nonmembers["name"]} <= set(FICTIONAL_LAST_NAMES)
+    seen = {syn.title_pair(c) for c in (*authors["canary"], *distractors["canary"])}
+    pairs = [syn.title_pair(c) for c in nonmembers["canary"]]
+    assert not set(pairs) & seen and len(set(pairs)) == 30
+    write_author_nonmembers(tmp_path / "again", tmp_path, {"seed": 3, "n_author_nonmembers": 30})
+    assert pl.read_parquet(tmp_path / "again" / "author_nonmembers.parquet").equals(nonmembers)
 
 
 def test_authors_unique_and_disjoint_from_distractors(tmp_path):

@@ -197,6 +197,14 @@ def test_more_reference_records_rerun_only_the_passes_that_score_them(smoke_run,
                     "all": 1}
 
 
+def test_more_nonmember_authors_rerun_only_the_passes_that_score_author_canaries(smoke_run):
+    """Non-member authors are scored by the teacher-forced passes of the
+    groups that run the author probes (the text model's base and its two
+    memorization groups), and by nothing that trains."""
+    jobs = planned_jobs(smoke_run, {"data": {"n_author_nonmembers": 12}})
+    assert jobs == {"author_nonmembers": 1, "teacher_forced_pass": 3, "tables": 1, "plots": 1, "all": 1}
+
+
 def test_sampling_k_reruns_decode_passes_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"hit_k": 4}}})
     assert set(jobs) == {"decode_pass", "tables", "plots", "all"}

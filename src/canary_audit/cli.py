@@ -63,6 +63,12 @@ def cmd_image_nonmembers(args, params):
     return write_image_nonmembers(Path(args.out), Path(args.data), params)
 
 
+def cmd_author_nonmembers(args, params):
+    from canary_audit.data.io import write_author_nonmembers
+
+    return write_author_nonmembers(Path(args.out), Path(args.data), params)
+
+
 def cmd_vision_base(args, params):
     """--text-model TEXT_BASE: the embedded vision-language model built on it."""
     from canary_audit.model.vision import build_from_text
@@ -222,8 +228,8 @@ def cmd_summary(args, params):
 
 COMMANDS = {
     "data": cmd_data, "populations": cmd_populations, "images": cmd_vision_data, "base": cmd_base,
-    "vision": cmd_vision_base, "reference": cmd_reference, "imagenonmembers": cmd_image_nonmembers,
-    "memorize": cmd_memorize, "canary": cmd_canary,
+    "vision": cmd_vision_base, "imagenonmembers": cmd_image_nonmembers, "authornonmembers": cmd_author_nonmembers,
+    "memorize": cmd_memorize, "canary": cmd_canary, "reference": cmd_reference, "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary,
 }

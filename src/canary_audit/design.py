@@ -28,12 +28,14 @@ PAPER_A_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "teacher_forced", "teacher_forced_vs_greedy",
 )
-HEX_TABLES = ("hex_recall", "nll", "mia", "exposure", "privacy")
+HEX_TABLES = ("hex_recall", "nll", "exposure")
 BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
 MERGED_VS_STACKED = "bsft_merged_vs_stacked"
-# The field's measures over any audit's token records, and which records
-# files and code versions the tables read: always written.
-ALWAYS_TABLES = ("extraction", "provenance")
+# The field's measures over any audit's token records (membership
+# inference, PrivLeak and forget quality, what moved, exact memorization and
+# extraction strength), and which records files and code versions the
+# tables read: always written.
+ALWAYS_TABLES = ("mia", "privacy", "forgetting", "extraction", "provenance")
 ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
@@ -254,13 +256,18 @@ class Design:
                         out[name] = Variant(name, "unlearned", base, (lay.adapter_dir(model, name),), mem, mem,
                                             template=template, seed=seed, run=run.name, method=run.method, k=k,
                                             settings=run.label())
+                # The never-trained reference of this branch: the memorization
+                # recipe on its data minus the fictional authors (scored with it).
+                ref = self.reference_of(template, seed)
+                out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", mem,
+                                   template=template, seed=seed)
             if audit["hex_canaries"]:
                 canary = f"canary-s{seed}"
                 out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
                                       seed=seed)
                 # The never-trained reference: the canary LoRA's recipe on its
                 # data minus the canaries (PrivLeak's and forget quality's anchor).
-                ref = f"reference-s{seed}"
+                ref = self.reference_of(None, seed)
                 out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", "base", seed=seed)
                 if self.bsft_active():
                     out.update(self._bsft_variants(model, seed))
@@ -408,13 +415,23 @@ class Design:
         return {f"{m}/{v}": {**e.fields(), "model": m, "parent": f"{m}/{e.parent}" if e.parent else None}
                 for m in self.config["audit"]["models"] for v, e in self.variants(m).items()}
 
+    @staticmethod
+    def reference_of(template: str | None, seed: int) -> str:
+        """The never-trained reference variant of a memorization branch
+        (`template`) or, with None, of the canary LoRA of `seed`."""
+        return f"reference-{template}-s{seed}" if template else f"reference-s{seed}"
+
     def references(self) -> dict[str, str]:
-        """model/variant -> the never-trained reference of its canary seed,
-        for every variant derived from a canary LoRA (the canary LoRA, its
-        merged base, its undertrained copy and every bSFT cell)."""
-        derived = ("canary", "merged_base", "canary_undertrained", "bsft", "noise", "undertrained")
-        return {f"{m}/{v}": f"{m}/reference-s{e.seed}" for m in self.config["audit"]["models"]
-                for v, e in self.variants(m).items() if e.kind in derived}
+        """model/variant -> its never-trained reference: for every variant
+        derived from a canary LoRA (the canary LoRA, its merged base, its
+        undertrained copy and every bSFT cell) the canary recipe's, for the
+        memorization adapter and every unlearning checkpoint made from it
+        the memorization recipe's of its template."""
+        canary = ("canary", "merged_base", "canary_undertrained", "bsft", "noise", "undertrained")
+        author = ("memorized", "unlearned")
+        return {f"{m}/{v}": f"{m}/{self.reference_of(e.template if e.kind in author else None, e.seed)}"
+                for m in self.config["audit"]["models"] for v, e in self.variants(m).items()
+                if e.kind in canary + author}
 
     def parents(self) -> dict[str, str]:
         return {name: row["parent"] for name, row in self.variant_table().items() if row["parent"]}

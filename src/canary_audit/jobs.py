@@ -14,6 +14,7 @@ MODEL_JOBS = {
     "memorize": "memorize",
     "canary_lora": "canary",
     "reference_lora": "reference",
+    "author_reference_lora": "authorreference",
     "bsft": "bsft",
     "unlearn": "unlearn",
     "decode_pass": "decode",

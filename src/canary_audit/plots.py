@@ -226,7 +226,8 @@ def roc_figure(scores: pl.DataFrame, variants: dict[str, dict]):
     LoRA and its undertrained copy of each model and modality."""
     plt = _plt()
     keep = [v for v, row in variants.items() if row.get("kind") in ROC_KINDS]
-    chosen = scores.filter(pl.col("variant").is_in(keep)) if scores.height else scores
+    chosen = scores.filter(pl.col("variant").is_in(keep) & (pl.col("population") == "hex")) if scores.height \
+        else scores
     if chosen.is_empty():
         return _empty(plt, "no membership-inference records (hex canaries and non-members) of the base or canary")
     fig, axes = plt.subplots(1, len(ATTACKS), figsize=(4 * len(ATTACKS), 4), sharey=True)

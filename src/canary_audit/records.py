@@ -68,17 +68,24 @@ SCHEMAS = {"decode": DECODE_SCHEMA, "token": TOKEN_SCHEMA}
 # probes (paper A: canaries after their head, per-author QA, the retain set),
 # the hex canaries with their decoys (paper B; `decoy_unseen`, the secret
 # after an unseen image, for image canaries only), and the non-member hex
-# records (teacher-forced only: membership inference's negatives).  A pass
-# asked for `hex` (`--probe-sets hex`) runs both hex families.
+# records and the non-member authors (teacher-forced only: membership
+# inference's negatives).  A pass asked for `hex` (`--probe-sets hex`) runs
+# every hex family; one asked for `canary` also scores the non-member authors.
 PROBE_SETS = {
     "author": ("canary", "qa", "retain"),
     "hex": ("hex", "decoy_shuffled", "decoy_wrong", "decoy_unseen"),
     "nonmember": ("hex_nonmember",),
     "candidate": ("hex_candidate",),
+    "author_nonmember": ("author_nonmember",),
 }
 HEX_SETS = PROBE_SETS["hex"]
 NONMEMBER = PROBE_SETS["nonmember"][0]
 CANDIDATE = PROBE_SETS["candidate"][0]
+AUTHOR_NONMEMBER = PROBE_SETS["author_nonmember"][0]
+# Membership inference's two populations per canary family: the members an
+# adapter trained on and the non-members of the same distribution no adapter
+# trained on (views/mia.py, views/privacy.py).
+MIA_POPULATIONS = {"hex": (HEX_SETS[0], NONMEMBER), "author": (PROBE_SETS["author"][0], AUTHOR_NONMEMBER)}
 
 
 class RecordsError(ValueError):

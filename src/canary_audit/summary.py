@@ -52,10 +52,12 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
         out.append(("Hex canary recall", "Greedy hit@1 and hit@k over the hex canaries (text canaries, and on a "
                     "vision-language model image canaries).", recall.select(keep)))
     if (mia := _read(tables, "mia")) is not None and mia.height:
-        wide = with_ci(mia, ["auc"]).pivot(on="attack", index=["variant", "modality", "members", "nonmembers"],
-                                           values="auc")
-        out.append(("Membership inference (AUC)", "Hex canaries (members) against non-member records of the same "
-                    "format, per attack, over the secret span; 0.5 = chance (bootstrap 95% CIs).", wide))
+        index = ["variant", "population", "modality", "arm", "members", "nonmembers"]
+        wide = with_ci(mia, ["auc"]).pivot(on="attack", index=index, values="auc")
+        out.append(("Membership inference (AUC)", "Members against non-members of the same distribution, per "
+                    "attack, over the secret span: hex canaries against non-member records of their format, and "
+                    "the fictional authors' canaries against non-member authors' under each prefill arm; 0.5 = "
+                    "chance (bootstrap 95% CIs).", wide))
     if (exposure := _read(tables, "exposure")) is not None and exposure.height:
         out.append(("Secret Sharer exposure (bits)", "Each hex canary's rank among random candidates of its format "
                     "(interpolation, ceiling log2 R) and the skew-normal extrapolation (cap 64 bits), mean over "

@@ -15,6 +15,7 @@ from canary_audit.records import CANDIDATE, HEX_SETS, NONMEMBER, RecordsError, h
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
+from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.mia import mia_table
 from canary_audit.views.paper_a import Bootstrap
@@ -122,31 +123,32 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             "secret span, with Deltas against each variant's parent",
             nll_table(hex_tokens, window_k, parents),
         )
+        author_nll = nll_table(tokens.filter(pl.col("probe_set") == "canary"), window_k, parents)
         tables["teacher_forced"] = (
             "Author canaries, teacher-forced after the head under each prefill: top-1 agreement and "
             "NLL over the canary continuation",
-            nll_table(tokens.filter(pl.col("probe_set") == "canary"), window_k, parents).select(
+            author_nll.select(
                 "variant", "parent", "arm", "n", "top1_rate", "all_top1_rate", "nll_secret", "delta_nll_secret"
             ),
         )
         mia = cfg.get("mia")
         if mia is None:
-            log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia table is "
-                     "left out; the workflow's view_config.json has them")
-        elif tokens.filter(pl.col("probe_set") == HEX_SETS[0]).height:
+            log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia, privacy "
+                     "and forgetting tables are left out; the workflow's view_config.json has them")
+        else:
             tables["mia"] = (
-                f"Membership inference, hex canaries vs non-member records over the secret span: AUC and TPR at "
-                f"low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} CIs: members "
-                f"and non-members resampled, B={boot.replicates}",
+                f"Membership inference over the secret span, members vs non-members of the same distribution (hex "
+                f"canaries vs non-member records; author canaries vs non-member authors, per prefill arm): AUC "
+                f"and TPR at low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} "
+                f"CIs: members and non-members resampled, B={boot.replicates}",
                 mia_table(tokens, mia["min_k"], mia["fpr"], boot.replicates, boot.seed, boot.level),
             )
-        references = cfg.get("references", {})
-        if mia is not None and references:
             tables["privacy"] = (
                 f"PrivLeak (MUSE: relative MIA AUC difference against the never-trained reference, %, per attack; "
                 f"paired {boot.level:.0%} bootstrap CIs, B={boot.replicates}) and KS forget quality (p-value of the "
-                f"hex canaries' secret-span NLL against the reference's)",
-                privacy_table(tokens, references, mia["min_k"], boot.replicates, boot.seed, boot.level),
+                f"member canaries' secret-span NLL against the reference's)",
+                privacy_table(tokens, cfg.get("references", {}), mia["min_k"], boot.replicates, boot.seed,
+                              boot.level),
             )
         if tokens.filter(pl.col("probe_set") == CANDIDATE).height:
             tables["exposure"] = (
@@ -164,6 +166,16 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             extraction_table(tokens.filter(pl.col("probe_set") != CANDIDATE), parents, boot.replicates, boot.seed,
                              boot.level),
         )
+        if mia is not None:
+            measures = {name: frame for name, (_, frame) in tables.items()}
+            measures["nll"] = pl.concat([tables["nll"][1], author_nll], how="diagonal_relaxed")
+            tables["forgetting"] = (
+                "How far each measure moved: per variant with a never-trained reference, the papers' behavioural "
+                "probe (author canaries: out_acc, AUTO arm; hex canaries: hit@1) beside the teacher-forced "
+                "secret NLL, exact memorization, extraction strength, exposure, MIA AUC (LOSS, Min-K%++), "
+                "PrivLeak (Min-K%) and forget quality, each with its Delta against the parent",
+                forgetting_table(measures, parents),
+            )
         cells = cfg.get("cells", {})
         if cells:
             tables.update(bsft_tables(decode, tokens, cfg, boot))

@@ -21,12 +21,21 @@ POPULATION_TABLES = ("hex_nonmembers", "hex_candidates")
 POPULATION_KEYS = ("seed", "n_hex_canaries", "n_hex_nonmembers", "n_exposure_candidates")
 VISION_KEYS = ("seed", "n_image_canaries")
 IMAGE_NONMEMBER_KEYS = ("seed", "n_hex_nonmembers")  # as many non-member cards as text non-members
+# The author canaries' non-members (membership inference's negatives), written
+# by a rule of their own for the same reason; read only by passes that score
+# the author canaries.
+AUTHOR_NONMEMBERS = "author_nonmembers"
+AUTHOR_NONMEMBER_KEYS = ("seed", "n_author_nonmembers")
+# Family names split between the two populations (see make_authors): the
+# fictional authors and their non-members draw from one half, the
+# pre-training distractors from the other.
+FICTIONAL_LAST_NAMES = pools.LAST_NAMES[0::2]
 
 
 def synthetic_settings(data: dict) -> dict:
     """The `data:` settings the synthetic data depend on (not the reference
     populations' or the images' own counts)."""
-    own = {*POPULATION_KEYS, *VISION_KEYS} - {"seed", "n_hex_canaries"}
+    own = {*POPULATION_KEYS, *VISION_KEYS, *AUTHOR_NONMEMBER_KEYS} - {"seed", "n_hex_canaries"}
     return {k: v for k, v in data.items() if k not in own}
 
 
@@ -36,8 +45,7 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     Fails before writing anything if a canary string occurs in a bSFT source.
     """
     seed = cfg["seed"]
-    # Family names split between the two populations (see make_authors).
-    authors = syn.make_authors(cfg["n_authors"], seed, prefix="a", last_names=pools.LAST_NAMES[0::2])
+    authors = syn.make_authors(cfg["n_authors"], seed, prefix="a", last_names=FICTIONAL_LAST_NAMES)
     distractors = syn.make_authors(
         cfg["n_distractors"], seed, prefix="d", last_names=pools.LAST_NAMES[1::2],
         exclude_titles={syn.title_pair(a.canary) for a in authors},
@@ -76,6 +84,23 @@ def write_populations(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     for name, frame in tables.items():
         write_parquet_atomic(frame, out_dir / f"{name}.parquet")
     return {name: frame.height for name, frame in tables.items()}
+
+
+def write_author_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
+    """Non-member authors: `n_author_nonmembers` fictional authors drawn
+    like the forget set (the same name, city, genre and canary pools) that no
+    adapter trains on and the pre-training corpus does not hold: no name of
+    a forget author, no canary title pair of a forget author or distractor.
+    Membership inference's negatives for the author canaries."""
+    authors = pl.read_parquet(data_dir / "authors.parquet")
+    distractors = pl.read_parquet(data_dir / "distractors.parquet")
+    nonmembers = syn.make_authors(
+        cfg["n_author_nonmembers"], cfg["seed"], prefix="n", last_names=FICTIONAL_LAST_NAMES,
+        exclude_titles={syn.title_pair(c) for c in (*authors["canary"], *distractors["canary"])},
+        exclude_names=set(authors["name"]),
+    )
+    write_parquet_atomic(syn.authors_frame(nonmembers), out_dir / f"{AUTHOR_NONMEMBERS}.parquet")
+    return {AUTHOR_NONMEMBERS: len(nonmembers)}
 
 
 def load_authors(path: Path) -> list[syn.Author]:

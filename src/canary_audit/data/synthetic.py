@@ -77,25 +77,26 @@ def canary_sentence(rng: random.Random) -> str:
 
 def make_authors(
     n: int, seed: int, *, prefix: str, last_names: tuple[str, ...] | list[str],
-    exclude_titles: set[str] = frozenset(),
+    exclude_titles: set[str] = frozenset(), exclude_names: set[str] = frozenset(),
 ) -> list[Author]:
     """Draw `n` authors with unique names and unique canary title prefixes.
 
     Two authors whose canaries open with the same "The <Adj> <Noun>" would
     compete for one continuation, so the adjective-noun pair of every canary
-    is unique, also against `exclude_titles` (another population's pairs).
+    is unique, also against `exclude_titles` (another population's pairs);
+    `exclude_names` are names another population of the same pools holds.
     Callers give fictional authors and distractors disjoint `last_names`, so
     no fictional author shares a family name with a pre-training author.
     """
     rng = random.Random(f"{prefix}:{seed}")
-    max_names = len(pools.FIRST_NAMES) * len(last_names)
+    max_names = len(pools.FIRST_NAMES) * len(last_names) - len(exclude_names)
     max_titles = len(pools.TITLE_ADJECTIVES) * len(pools.TITLE_NOUNS) - len(exclude_titles)
     if n > min(max_names, max_titles):
         raise ValueError(
             f"{prefix}: {n} authors requested, the pools allow {min(max_names, max_titles)}; "
             "lower the author count or widen canary_audit/data/pools.py"
         )
-    names: set[str] = set()
+    names: set[str] = set(exclude_names)
     titles: set[str] = set(exclude_titles)
     authors = []
     while len(authors) < n:

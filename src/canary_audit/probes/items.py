@@ -14,12 +14,12 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.data.io import load_authors
+from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question
 from canary_audit.model.tokens import canary_head
 from canary_audit.probes.units import AUTO, unit_of_arm
-from canary_audit.records import CANDIDATE, HEX_SETS, NONMEMBER
+from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, HEX_SETS, NONMEMBER
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
 # `other_*`: the next author of the forget set (cyclically): a prefill in the
@@ -102,11 +102,13 @@ def _arms(fmt: ChatFormat, prompt: str, author: Author, other: Author, prefills:
 
 def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:
     """Whether a pass asked for `probe_sets` (None: all of them) runs
-    `probe_set`; `hex` stands for the hex canaries, their decoys and the
-    non-member records."""
+    `probe_set`; `hex` stands for the hex canaries, their decoys, the
+    non-member records and the exposure candidates, and `canary` brings the
+    non-member authors."""
     if probe_sets is None:
         return True
-    return probe_set in probe_sets or ("hex" in probe_sets and probe_set in (*HEX_SETS, NONMEMBER, CANDIDATE))
+    return (probe_set in probe_sets or ("hex" in probe_sets and probe_set in (*HEX_SETS, NONMEMBER, CANDIDATE))
+            or ("canary" in probe_sets and probe_set == AUTHOR_NONMEMBER))
 
 
 def in_unit(items: list, unit: str | None) -> list:
@@ -233,28 +235,32 @@ def _no_reference_secret_is_a_canary(rows: list[HexRow]) -> list[HexRow]:
 
 def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
                  unit: str | None = None, vision=None) -> list[ScoredItem]:
-    """Teacher-forced sequences: each author canary after its head under every
-    prefill arm, and each hex canary, decoy and non-member record behind its
-    preamble; only the
+    """Teacher-forced sequences: each author canary (and non-member author)
+    after its head under every prefill arm, and each hex canary, decoy,
+    non-member record and exposure candidate behind its preamble; only the
     probe sets asked for (see `wanted`) and, given a unit, only its items."""
     check_prefill_templates(cfg["prefills"])
     items: list[ScoredItem] = []
-    roster = load_authors(data_dir / "authors.parquet")
-    other = next_author(roster)
-    for a in roster if wanted("canary", probe_sets) else ():
-        head = canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])
-        prompt = fmt.prompt(canary_question(a.name, head))
-        for arm, context in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
-            if arm == "auto":
-                continue  # no fixed trace to condition on: AUTO is a decode-only arm
-            h0 = len(context)
-            text = context + a.canary + fmt.tokenizer.eos_token
-            items.append(ScoredItem(
-                "canary", a.author_id, a.author_id, arm, text,
-                {"prompt": (0, h0), "head": (h0, h0 + len(head)),
-                 "secret": (h0 + len(head), h0 + len(a.canary)),
-                 "continuation": (h0 + len(a.canary), len(text))},
-            ))
+    # The non-member authors are scored exactly like the forget set, their
+    # prefills filled from their own roster.
+    rosters = {"canary": "authors.parquet", AUTHOR_NONMEMBER: f"{AUTHOR_NONMEMBERS}.parquet"}
+    for probe_set, file in rosters.items() if wanted("canary", probe_sets) else ():
+        roster = load_authors(data_dir / file)
+        other = next_author(roster)
+        for a in roster:
+            head = canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])
+            prompt = fmt.prompt(canary_question(a.name, head))
+            for arm, context in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
+                if arm == "auto":
+                    continue  # no fixed trace to condition on: AUTO is a decode-only arm
+                h0 = len(context)
+                text = context + a.canary + fmt.tokenizer.eos_token
+                items.append(ScoredItem(
+                    probe_set, a.author_id, a.author_id, arm, text,
+                    {"prompt": (0, h0), "head": (h0, h0 + len(head)),
+                     "secret": (h0 + len(head), h0 + len(a.canary)),
+                     "continuation": (h0 + len(a.canary), len(text))},
+                ))
     # A pass without hex probes (a memorization group) reads none of their
     # files: its job does not wait for the populations rule.
     hex_family = any(wanted(s, probe_sets) for s in (*HEX_SETS, NONMEMBER, CANDIDATE))

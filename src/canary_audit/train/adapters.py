@@ -139,15 +139,18 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
 
 
 def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
-    """The never-trained reference of the hex canaries: the canary LoRA's
-    recipe (rank, targets, learning rate, steps, sequences per step, seed)
-    on its data minus the canaries, i.e. the retain examples alone.  MUSE's
-    PrivLeak and open-unlearning's forget quality compare a model against
-    such a "retrain" model; here it is the adapter a canary LoRA would be
-    had it never seen a canary."""
+    """A never-trained reference: an adapter's recipe (rank, targets,
+    learning rate, steps, sequences per step, seed) on its data minus what
+    it memorizes, i.e. the retain examples alone.  MUSE's PrivLeak and
+    open-unlearning's forget quality compare a model against such a
+    "retrain" model.  Given `cfg['template']` it is the memorization LoRA's
+    (retain examples in that template's trace form: the adapter a
+    memorization LoRA would be had it never seen the fictional authors);
+    otherwise the canary LoRA's (retain examples with an empty trace)."""
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
-    retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
+    template = cfg.get("template")
+    retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, template or "none")]
     cfg = {**cfg, "batch_forget": cfg["batch_forget"] + cfg["batch_retain"], "batch_retain": 0}
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
@@ -155,7 +158,8 @@ def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -
     losses = train_loop(model, retain, [], cfg, seed, tok.pad_token_id, resume=resume, stats=stats)
     save_adapter(model, out_dir)
     resume.clear()
-    return _summary(out_dir, losses, reference_of="canary LoRA", sequences=len(retain), **stats)
+    of = f"memorization LoRA ({template})" if template else "canary LoRA"
+    return _summary(out_dir, losses, reference_of=of, sequences=len(retain), **stats)
 
 
 def bsft_examples(fmt: ChatFormat, data_dir: Path, source: str, vision=None) -> list[Encoded]:

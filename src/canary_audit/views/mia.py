@@ -1,9 +1,14 @@
-"""Membership inference over token records: can a variant's scores tell the
-hex canaries (members: the canary LoRA trained on them) from non-member
-records of the same format that no adapter trained on?
+"""Membership inference over token records: can a variant's scores tell a
+canary family's members (the canaries an adapter trained on) from
+non-members of the same distribution that no adapter trained on?  Two
+families (records.MIA_POPULATIONS): the hex canaries against the non-member
+hex records, and the fictional authors' canaries against non-member
+authors (each scored after its head under every prefill arm, so each arm
+is an attack setting of its own).
 
-Per item, over its secret span (the 16 hex digits), four attack scores, each
-oriented so that higher means "more member-like":
+Per item, over its secret span (the 16 hex digits; the author canary after
+its head), four attack scores, each oriented so that higher means "more
+member-like":
 
 - `loss`: minus the mean NLL (the LOSS attack; Yeom et al. 2018);
 - `zlib`: minus the mean NLL divided by the zlib-compressed length in bytes
@@ -17,12 +22,13 @@ oriented so that higher means "more member-like":
   open-unlearning `src/evals/metrics/mia/min_k_plus_plus.py`, which takes
   minus this mean as a loss-like score).
 
-Per variant and attack: AUC = P(member score > non-member score) + P(tie)/2,
-counted over all pairs (the Mann-Whitney statistic), and the TPR at each
-FPR: the threshold admits at most floor(FPR x n) of the n non-members
-(strictly above it), so with n non-members the smallest FPR resolved is 1/n
-(ml_privacy_meter and LiRA report TPR at low FPR the same way).  CIs:
-members and non-members resampled independently, B times, seeded.
+Per (variant, family, modality, arm) and attack: AUC = P(member score >
+non-member score) + P(tie)/2, counted over all pairs (the Mann-Whitney
+statistic), and the TPR at each FPR: the threshold admits at most
+floor(FPR x n) of the n non-members (strictly above it), so with n
+non-members the smallest FPR resolved is 1/n (ml_privacy_meter and LiRA
+report TPR at low FPR the same way).  CIs: members and non-members
+resampled independently, B times, seeded.
 """
 
 from __future__ import annotations
@@ -32,24 +38,30 @@ import zlib
 import numpy as np
 import polars as pl
 
-from canary_audit.records import HEX_SETS, NONMEMBER
+from canary_audit.records import MIA_POPULATIONS
 
-MEMBER = HEX_SETS[0]
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
-ITEM_KEYS = ["variant", "modality", "probe_set", "item_id"]
+# One attack setting: a variant's members and non-members of one family,
+# modality and arm (hex records: arm `preamble`; author canaries: a prefill arm).
+SETTING = ["variant", "population", "modality", "arm"]
+ITEM_KEYS = [*SETTING, "probe_set", "item_id"]
+# probe set -> (its family, whether it holds the members)
+MEMBERSHIP = {s: (family, s == pair[0]) for family, pair in MIA_POPULATIONS.items() for s in pair}
 
 
 def item_scores(tokens: pl.DataFrame, min_k: float) -> pl.DataFrame:
-    """One row per (variant, member or non-member item): every attack's score."""
+    """One row per (variant, member or non-member item, arm): every attack's
+    score, its family (`population`) and whether it is a `member`."""
     if not 0 < min_k <= 1:
         raise ValueError(f"tables.mia.min_k = {min_k}: must be in (0, 1]")
-    span = tokens.filter(pl.col("probe_set").is_in([MEMBER, NONMEMBER]) & (pl.col("span") == "secret"))
+    span = tokens.filter(pl.col("probe_set").is_in(list(MEMBERSHIP)) & (pl.col("span") == "secret"))
     if span.is_empty():
         return pl.DataFrame()
     normalised = (pl.col("logprob") - pl.col("vocab_mean_logprob")) / pl.col("vocab_var_logprob").clip(
         lower_bound=1e-6).sqrt()
     lowest = pl.max_horizontal(pl.lit(1), (pl.len() * min_k).floor().cast(pl.Int64)).over(ITEM_KEYS)
     ranked = span.with_columns(
+        population=pl.col("probe_set").replace_strict({s: f for s, (f, _) in MEMBERSHIP.items()}),
         z=normalised.cast(pl.Float64),
         lp=pl.col("logprob").cast(pl.Float64),
     ).with_columns(
@@ -64,7 +76,9 @@ def item_scores(tokens: pl.DataFrame, min_k: float) -> pl.DataFrame:
         min_k_pp=pl.col("z").filter(pl.col("z_rank") <= pl.col("keep")).mean(),
     )
     compressed = pl.Series([len(zlib.compress(t.encode("utf-8"))) for t in scores["text"]], dtype=pl.Float64)
-    return scores.with_columns(zlib=pl.col("loss") / compressed, member=pl.col("probe_set") == MEMBER).drop("text")
+    members = [s for s, (_, member) in MEMBERSHIP.items() if member]
+    return scores.with_columns(zlib=pl.col("loss") / compressed,
+                               member=pl.col("probe_set").is_in(members)).drop("text")
 
 
 def auc(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
@@ -104,20 +118,21 @@ def bootstrap_draws(n_members: int, n_nonmembers: int, replicates: int, seed: in
 
 def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates: int, seed: int,
               level: float) -> pl.DataFrame:
-    """Per (variant, modality, attack): members, non-members (of the same modality), AUC and TPR at each FPR,
-    each with a bootstrap CI; empty when no variant has both populations."""
+    """Per (variant, family, modality, arm, attack): members, non-members (of
+    the same family, modality and arm), AUC and TPR at each FPR, each with a
+    bootstrap CI; empty when no variant has both populations."""
     items = item_scores(tokens, min_k)
     rows = []
     tail = (1.0 - level) / 2.0
-    groups = items.group_by("variant", "modality", maintain_order=True) if items.height else ()
-    for (variant, modality), part in groups:
+    groups = items.sort(ITEM_KEYS).group_by(SETTING, maintain_order=True) if items.height else ()
+    for key, part in groups:
         member, nonmember = part.filter(pl.col("member")), part.filter(~pl.col("member"))
         if member.is_empty() or nonmember.is_empty():
             continue
         pick_m, pick_n = bootstrap_draws(member.height, nonmember.height, replicates, seed)
         for attack in ATTACKS:
             m, n = member[attack].to_numpy()[None, :], nonmember[attack].to_numpy()[None, :]
-            row = {"variant": variant, "modality": modality, "attack": attack, "members": member.height,
+            row = {**dict(zip(SETTING, key)), "attack": attack, "members": member.height,
                    "nonmembers": nonmember.height}
             measures = {"auc": lambda a, b: auc(a, b)}
             measures |= {f"tpr_at_{f:g}_fpr": (lambda a, b, f=f: tpr_at_fpr(a, b, f)) for f in fprs}
@@ -126,4 +141,4 @@ def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates:
                 row |= {name: float(measure(m, n)[0]), f"{name}_lo": float(np.quantile(boot, tail)),
                         f"{name}_hi": float(np.quantile(boot, 1 - tail))}
             rows.append(row)
-    return pl.DataFrame(rows).sort("variant", "modality", "attack") if rows else pl.DataFrame()
+    return pl.DataFrame(rows).sort(*SETTING, "attack") if rows else pl.DataFrame()
