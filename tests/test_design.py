@@ -149,13 +149,14 @@ def test_variant_table_of_the_smoke_audit():
     assert design.cells()["tiny/bsft-gui-t2-merged-b0-s0"]["application"] == "merged"
     assert design.cells()["tiny_vl/bsft-gui-t2-merged-b0-s0"]["model"] == "tiny_vl"
     references = design.references()
-    assert references["tiny_vl/bsft-gui-t2-merged-b0-s0"] == "tiny_vl/reference-s0"
-    assert references["tiny/canary-s0-under"] == "tiny/reference-s0"
+    assert references["tiny_vl/bsft-gui-t2-merged-b0-s0"] == {"reference": "tiny_vl/reference-s0", "population": "hex"}
+    assert references["tiny/canary-s0-under"] == {"reference": "tiny/reference-s0", "population": "hex"}
     assert "tiny/base" not in references and "tiny/reference-s0" not in references
     # every memorization adapter and unlearning checkpoint: its template's memorization-recipe reference,
     # scored in the memorization group's jobs
-    assert references["tiny/npo-bio-s0-k3"] == references["tiny/mem-bio-s0"] == "tiny/reference-bio-s0"
-    assert references["tiny/mem-none-s0"] == "tiny/reference-none-s0"
+    assert references["tiny/npo-bio-s0-k3"] == references["tiny/mem-bio-s0"] == {
+        "reference": "tiny/reference-bio-s0", "population": "author"}
+    assert references["tiny/mem-none-s0"]["reference"] == "tiny/reference-none-s0"
     assert design.variant("tiny", "reference-bio-s0").group == "mem-bio-s0"
     assert design.table_names()[-5:] == ["mia", "privacy", "forgetting", "extraction", "provenance"]
     assert "mia" in design_of({"audit": {"hex_canaries": False, "models": ["tiny"]}}).table_names()

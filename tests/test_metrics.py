@@ -259,7 +259,8 @@ def test_privleak_and_forget_quality_against_direct_computation():
         rows += [r for i, lp in enumerate(member_lp[variant]) for r in mia_tokens(variant, f"h{i}", "hex", [lp] * 3)]
         rows += [r for i, lp in enumerate(nonmember_lp[variant])
                  for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp] * 3)]
-    table = privacy_table(pl.DataFrame(rows, schema=TOKEN_SCHEMA), {"m/canary": "m/ref"}, 0.5, 200, 0, 0.95)
+    table = privacy_table(pl.DataFrame(rows, schema=TOKEN_SCHEMA), {"m/canary": {"reference": "m/ref", "population": "hex"}},
+                          0.5, 200, 0, 0.95)
     row = table.row(0, named=True)
 
     def pairs(m, n):
@@ -294,15 +295,19 @@ def test_author_canaries_are_a_membership_family_of_their_own_per_arm():
                      for r in mia_tokens(variant, f"a{i}", "canary", [lp] * 3, arm=f"prefill_{arm}")]
             rows += [r for i, lp in enumerate(nonmember_lp)
                      for r in mia_tokens(variant, f"n{i}", "author_nonmember", [lp] * 3, arm=f"prefill_{arm}")]
-    rows += [r for i, lp in enumerate([-0.1, -0.2]) for r in mia_tokens("m/npo-bio-s0-k10", f"h{i}", "hex", [lp])]
+    for variant in ("m/npo-bio-s0-k10", "m/reference-bio-s0"):  # a family the author reference is not for
+        rows += [r for i, lp in enumerate([-0.1, -0.2]) for r in mia_tokens(variant, f"h{i}", "hex", [lp])]
+        rows += [r for i, lp in enumerate([-0.3, -2.0]) for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp])]
     tokens = pl.DataFrame(rows, schema=TOKEN_SCHEMA)
     table = mia_table(tokens, 0.5, [0.25], 100, 0, 0.95).filter(pl.col("attack") == "loss")
-    mine = table.filter(pl.col("variant") == "m/npo-bio-s0-k10")
-    # the hex canaries have no non-members here: no hex row, and no pooling into the author rows
+    mine = table.filter(pl.col("variant") == "m/npo-bio-s0-k10").sort("population", "arm")
+    # each family against its own non-members, never pooled
     assert mine.select("population", "arm", "members", "nonmembers").rows() == [
-        ("author", "prefill_bio", 3, 4), ("author", "prefill_empty", 3, 4)]
-    assert mine["auc"].to_list() == [pytest.approx(10 / 12), pytest.approx((2 + 2 + 4) / 12)]
-    privacy = privacy_table(tokens, {"m/npo-bio-s0-k10": "m/reference-bio-s0"}, 0.5, 100, 0, 0.95)
+        ("author", "prefill_bio", 3, 4), ("author", "prefill_empty", 3, 4), ("hex", "preamble", 2, 2)]
+    assert mine["auc"].to_list() == [pytest.approx(10 / 12), pytest.approx((2 + 2 + 4) / 12), 1.0]
+    privacy = privacy_table(tokens, {"m/npo-bio-s0-k10": {"reference": "m/reference-bio-s0", "population": "author"}},
+                            0.5, 100, 0, 0.95)
+    assert set(privacy["population"]) == {"author"}
     bio = privacy.filter(pl.col("arm") == "prefill_bio").row(0, named=True)
     ref_auc = 0 / 12  # the reference's members (-3.1, -3.2, -3.3) lose every pair
     assert (bio["population"], bio["reference"], bio["ref_auc_loss"]) == ("author", "m/reference-bio-s0", ref_auc)

@@ -421,15 +421,20 @@ class Design:
         (`template`) or, with None, of the canary LoRA of `seed`."""
         return f"reference-{template}-s{seed}" if template else f"reference-s{seed}"
 
-    def references(self) -> dict[str, str]:
-        """model/variant -> its never-trained reference: for every variant
-        derived from a canary LoRA (the canary LoRA, its merged base, its
-        undertrained copy and every bSFT cell) the canary recipe's, for the
-        memorization adapter and every unlearning checkpoint made from it
-        the memorization recipe's of its template."""
+    def references(self) -> dict[str, dict[str, str]]:
+        """model/variant -> its never-trained reference and the canary family
+        (`population`, records.MIA_POPULATIONS) it is the reference for: for
+        every variant derived from a canary LoRA (the canary LoRA, its merged
+        base, its undertrained copy and every bSFT cell) the canary recipe's
+        (hex canaries), for the memorization adapter and every unlearning
+        checkpoint made from it the memorization recipe's of its template
+        (author canaries).  A variant is compared with a reference only on
+        the family that reference never saw."""
         canary = ("canary", "merged_base", "canary_undertrained", "bsft", "noise", "undertrained")
         author = ("memorized", "unlearned")
-        return {f"{m}/{v}": f"{m}/{self.reference_of(e.template if e.kind in author else None, e.seed)}"
+        return {f"{m}/{v}": {"reference": f"{m}/{self.reference_of(e.template, e.seed)}", "population": "author"}
+                if e.kind in author else
+                {"reference": f"{m}/{self.reference_of(None, e.seed)}", "population": "hex"}
                 for m in self.config["audit"]["models"] for v, e in self.variants(m).items()
                 if e.kind in canary + author}
 

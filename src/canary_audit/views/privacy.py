@@ -38,21 +38,24 @@ from canary_audit.views.mia import ATTACKS, SETTING, auc, bootstrap_draws, item_
 PAIRED = ["population", "modality", "arm"]
 
 
-def privacy_table(tokens: pl.DataFrame, references: dict[str, str], min_k: float, replicates: int, seed: int,
-                  level: float) -> pl.DataFrame:
-    """Per (variant, family, modality, arm) with a reference: PrivLeak of
-    every attack with its paired-bootstrap CI, the two AUCs it compares, and
-    the KS forget quality (p-value and statistic) of the members' mean
-    secret-span NLL (minus the `loss` score)."""
+def privacy_table(tokens: pl.DataFrame, references: dict[str, dict[str, str]], min_k: float, replicates: int,
+                  seed: int, level: float) -> pl.DataFrame:
+    """Per (variant, modality, arm) of the family its reference never saw
+    (`references`: variant -> {reference, population}, Design.references):
+    PrivLeak of every attack with its paired-bootstrap CI, the two AUCs it
+    compares, and the KS forget quality (p-value and statistic) of the
+    members' mean secret-span NLL (minus the `loss` score)."""
     from scipy.stats import ks_2samp
 
-    scores = item_scores(tokens.filter(pl.col("variant").is_in([*references, *references.values()])), min_k)
+    named = {*references, *(r["reference"] for r in references.values())}
+    scores = item_scores(tokens.filter(pl.col("variant").is_in(named)), min_k)
     if scores.is_empty():
         return pl.DataFrame()
     tail = (1.0 - level) / 2.0
     rows = []
-    for variant, ref in sorted(references.items()):
-        mine_all = scores.filter(pl.col("variant") == variant)
+    for variant, entry in sorted(references.items()):
+        ref = entry["reference"]
+        mine_all = scores.filter((pl.col("variant") == variant) & (pl.col("population") == entry["population"]))
         for key in mine_all.select(PAIRED).unique().sort(PAIRED).rows():
             here = pl.all_horizontal(pl.col(c) == v for c, v in zip(PAIRED, key))
             mine, theirs = mine_all.filter(here), scores.filter((pl.col("variant") == ref) & here)
