@@ -209,7 +209,14 @@ def canary_slice(wildcards):
         extra["undertrained_steps"] = DESIGN.bsft["controls"]["undertrained"][
             "canary_steps"
         ]
-    return canonical({**config["canary_lora"], **extra, "seed": int(wildcards.seed)})
+    return canonical(
+        {
+            **config["canary_lora"],
+            **extra,
+            "repetitions": config["audit"]["hex_repetitions"],
+            "seed": int(wildcards.seed),
+        }
+    )
 
 
 def bsft_outputs(wildcards=None):

@@ -32,6 +32,7 @@ rule tables:
                 **config["tables"],
                 "parents": DESIGN.parents(),
                 "references": DESIGN.references(),
+                "strata": DESIGN.strata(),
                 "cells": DESIGN.cells(),
                 "variants": DESIGN.variant_table(),
                 "expected_hashes": DESIGN.probe_hashes(),

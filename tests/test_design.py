@@ -57,6 +57,10 @@ def design_of(*overrides: dict) -> Design:
     ({"models": {"tiny_vl": {"build": {"text_model": "tiny_vl"}}}},
      "`models.tiny_vl.build.text_model` is `tiny_vl`: an embedded vision-language model is built on an embedded "
      "text model"),
+    ({"audit": {"hex_repetitions": [1, 4, 16, 64, 256]}},
+     "`audit.hex_repetitions` names 5 strata, but `data.n_hex_canaries` is 4: a stratum would hold no canary"),
+    ({"audit": {"hex_repetitions": [1, 4], "hex_canaries": False, "models": ["tiny"]}},
+     "`audit.hex_repetitions` is [1, 4], but `audit.hex_canaries` is false"),
     ({"bsft": {"controls": {"undertrained": {"canary_steps": 10}}}},
      "`bsft.controls.undertrained.canary_steps` is 10, which the canary LoRA run does not stop before"),
     ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),

@@ -259,8 +259,8 @@ def test_privleak_and_forget_quality_against_direct_computation():
         rows += [r for i, lp in enumerate(member_lp[variant]) for r in mia_tokens(variant, f"h{i}", "hex", [lp] * 3)]
         rows += [r for i, lp in enumerate(nonmember_lp[variant])
                  for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp] * 3)]
-    table = privacy_table(pl.DataFrame(rows, schema=TOKEN_SCHEMA), {"m/canary": {"reference": "m/ref", "population": "hex"}},
-                          0.5, 200, 0, 0.95)
+    references = {"m/canary": {"reference": "m/ref", "population": "hex"}}
+    table = privacy_table(pl.DataFrame(rows, schema=TOKEN_SCHEMA), references, 0.5, 200, 0, 0.95)
     row = table.row(0, named=True)
 
     def pairs(m, n):
@@ -348,3 +348,39 @@ def test_the_forgetting_view_carries_each_tables_figure_and_its_delta():
         1.5, 1.0, 40.0, 0.01)
     mem = table.filter(pl.col("variant") == "m/mem-bio-s0").row(0, named=True)
     assert (mem["delta_paper_value"], mem["delta_auc_loss"]) == (0.75, pytest.approx(0.45))
+
+
+def test_every_hex_probe_per_repetition_stratum_against_direct_computation():
+    """The strata table's hit@1, secret NLL (with its Delta against the
+    parent) and per-stratum MIA AUC are the hand-computed values of each
+    stratum's canaries; decoys and non-members carry no stratum."""
+    from canary_audit.views.strata import strata_table
+
+    strata = {"h0": 1, "h1": 1, "h2": 4, "h3": 4}
+    member_lp = {"m/base": [-2.0, -2.2, -2.1, -1.9], "m/canary": [-1.5, -2.5, -0.2, -0.1]}
+    hits = {"m/base": [0, 0, 0, 0], "m/canary": [0, 1, 1, 1]}
+    nonmember_lp = [-2.0, -1.0, -3.0]
+    rows, decode = [], []
+    for variant, lps in member_lp.items():
+        rows += [r for i, lp in enumerate(lps) for r in mia_tokens(variant, f"h{i}", "hex", [lp] * 2)]
+        rows += [r for i, lp in enumerate(nonmember_lp) for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp])]
+        rows += mia_tokens(variant, "h0", "decoy_wrong", [-9.0])
+        frame = decode_rows(variant, [("hex", "greedy", "P", " TEXTCAN-ab-END" if hit else " no", "ab")
+                                      for hit in hits[variant]])
+        decode.append(frame.with_columns(item_id=pl.format("h{}", pl.int_range(pl.len())),
+                                         group_id=pl.format("h{}", pl.int_range(pl.len()))))
+    table = strata_table(pl.concat(decode), pl.DataFrame(rows, schema=TOKEN_SCHEMA), strata, {"m/canary": "m/base"},
+                         window_k=20, min_k=0.5, replicates=200, seed=0, level=0.95)
+    canary = {r["repetitions"]: r for r in table.filter(pl.col("variant") == "m/canary").iter_rows(named=True)}
+    assert (canary[1]["n"], canary[4]["n"]) == (2, 2)
+    assert (canary[1]["hit1"], canary[4]["hit1"]) == (0.5, 1.0)
+    assert canary[4]["nll_secret"] == pytest.approx(0.15)
+    assert canary[1]["delta_nll_secret"] == pytest.approx(((1.5 - 2.0) + (2.5 - 2.2)) / 2)
+    # stratum 1 (-1.5, -2.5) against (-2.0, -1.0, -3.0): -1.5 wins two pairs, -2.5 one
+    assert canary[1]["auc_loss"] == pytest.approx(3 / 6)
+    assert canary[4]["auc_loss"] == 1.0
+    assert canary[1]["auc_loss_lo"] <= canary[1]["auc_loss"] <= canary[1]["auc_loss_hi"]
+    assert "delta_nll_secret" in table.columns and table.filter(pl.col("variant") == "m/base")[
+        "delta_nll_secret"].is_null().all()
+    assert strata_table(pl.concat(decode), pl.DataFrame(rows, schema=TOKEN_SCHEMA), {}, {}, 20, 0.5, 10, 0,
+                        0.95).is_empty()

@@ -243,7 +243,7 @@ def canary_run(tiny_assets, spec, tmp_path_factory):
     """A 4-step canary LoRA with its merged base and a 2-step undertrained copy."""
     root = tmp_path_factory.mktemp("canary")
     out = {name: root / name for name in ("canary", "merged", "under", "merged_under")}
-    train_canary(spec, tiny_assets[0], {**LORA, "steps": 4, "undertrained_steps": 2}, out["canary"],
+    train_canary(spec, tiny_assets[0], {**LORA, "steps": 4, "undertrained_steps": 2, "repetitions": [1]}, out["canary"],
                  merged_dir=out["merged"], under=(out["under"], out["merged_under"]))
     return out
 
@@ -376,3 +376,22 @@ def test_canary_lora_trains_on_exactly_the_sequences_the_pass_scores(tiny_assets
             assert trained == want
             if bos:
                 assert trained.count(tok.bos_token_id) == 1 and trained[0] == tok.bos_token_id
+
+
+def test_the_canary_lora_inserts_each_canary_as_often_as_its_stratum_says(tiny_vl_assets):
+    """Secret Sharer's strata: the copies training makes of each canary
+    (text and image) are the strata the design hands the views."""
+    from test_design import design_of
+
+    from canary_audit.model.vision import VisionInputs
+    from canary_audit.probes.items import hex_rows
+    from canary_audit.train.adapters import inserted_times
+
+    spec = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)
+    vision = VisionInputs.load(spec.path, load_tokenizer(spec))
+    rows = hex_rows(tiny_vl_assets[0], vision, members_only=True)
+    inserted = inserted_times(rows, [1, 4, 16])
+    assert sorted(inserted.values()) == [1, 1, 4, 4, 16, 16]  # 3 text and 3 image canaries
+    design = design_of({"data": {"n_hex_canaries": 3, "n_image_canaries": 3}, "audit": {"hex_repetitions": [1, 4, 16]}})
+    assert {cid: n for (_, cid), n in inserted.items()} == design.strata()
+    assert set(inserted_times(rows, [1]).values()) == {1}  # one stratum: the data as they are

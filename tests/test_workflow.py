@@ -205,6 +205,18 @@ def test_more_nonmember_authors_rerun_only_the_passes_that_score_author_canaries
     assert jobs == {"author_nonmembers": 1, "teacher_forced_pass": 3, "tables": 1, "plots": 1, "all": 1}
 
 
+def test_repetition_strata_retrain_the_canary_lora_and_nothing_before_it(smoke_run):
+    """Strata change what the canary LoRA trains on: it and everything made
+    from it re-run on both models, and the strata table and dose-response
+    plot appear; the data, the bases, the memorization branches and the
+    never-trained references (which train on no canary) stay."""
+    jobs = planned_jobs(smoke_run, {"audit": {"hex_repetitions": [1, 4]}})
+    assert jobs["canary_lora"] == 2 and jobs["tables"] == 1 and jobs["plots"] == 1
+    untouched = {"synthetic_data", "embedded_base", "embedded_vision_base", "memorize", "unlearn", "reference_lora",
+                 "author_reference_lora", "populations", "vision_data"}
+    assert not untouched & set(jobs)
+
+
 def test_sampling_k_reruns_decode_passes_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"hit_k": 4}}})
     assert set(jobs) == {"decode_pass", "tables", "plots", "all"}

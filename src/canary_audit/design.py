@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.units import AUTO
 from canary_audit.records import PROBE_SETS, canonical_json
@@ -28,7 +29,7 @@ PAPER_A_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "teacher_forced", "teacher_forced_vs_greedy",
 )
-HEX_TABLES = ("hex_recall", "nll", "exposure")
+HEX_TABLES = ("hex_recall", "nll", "exposure", "strata")
 BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
 MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # The field's measures over any audit's token records (membership
@@ -438,6 +439,20 @@ class Design:
                 for m in self.config["audit"]["models"] for v, e in self.variants(m).items()
                 if e.kind in canary + author}
 
+    def strata(self) -> dict[str, int]:
+        """Canary id -> how many times it is inserted in the canary LoRA's
+        data (`audit.hex_repetitions`), for every hex canary and, with a
+        vision-language model audited, every image canary; empty with one
+        stratum (nothing to report per stratum)."""
+        reps = self.config["audit"]["hex_repetitions"]
+        if len(reps) < 2:
+            return {}
+        data = self.config["data"]
+        out = strata([HEX_ID.format(i) for i in range(data["n_hex_canaries"])], reps)
+        if any(self.is_vision(m) for m in self.config["audit"]["models"]):
+            out |= strata([IMAGE_ID.format(i) for i in range(data["n_image_canaries"])], reps)
+        return out
+
     def parents(self) -> dict[str, str]:
         return {name: row["parent"] for name, row in self.variant_table().items() if row["parent"]}
 
@@ -451,7 +466,8 @@ class Design:
         names = list(PAPER_A_TABLES) if self.config["audit"]["templates"] else []
         if self.config["audit"]["hex_canaries"]:
             # No candidates (`data.n_exposure_candidates: 0`): no exposure table.
-            names += [t for t in HEX_TABLES if t != "exposure" or self.config["data"]["n_exposure_candidates"]]
+            names += [t for t in HEX_TABLES if (t != "exposure" or self.config["data"]["n_exposure_candidates"])
+                      and (t != "strata" or self.strata())]
             if self.bsft_active():
                 names += BSFT_TABLES
                 if len(self.bsft["applications"]) > 1 and self.bsft["sources"]:
@@ -470,6 +486,18 @@ class Design:
                 "nothing to audit: `audit.templates` is empty (no paper A arms) and `audit.hex_canaries` is "
                 "false (no paper B arms); set either"
             )
+        reps = audit["hex_repetitions"]
+        if len(reps) > 1:
+            if not audit["hex_canaries"]:
+                raise ConfigError(f"config key `audit.hex_repetitions` is {reps}, but `audit.hex_canaries` is false: "
+                                  "there is no canary LoRA to stratify; set it to [1] or train the hex canaries")
+            counts = {"data.n_hex_canaries": cfg["data"]["n_hex_canaries"]}
+            if any(cfg["models"].get(m, {}).get("vision") for m in audit["models"]):
+                counts["data.n_image_canaries"] = cfg["data"]["n_image_canaries"]
+            for key, n in counts.items():
+                if n < len(reps):
+                    raise ConfigError(f"config key `audit.hex_repetitions` names {len(reps)} strata, but `{key}` is "
+                                      f"{n}: a stratum would hold no canary; raise `{key}` or name fewer strata")
         known = sorted(cfg["models"])
         for name in audit["models"]:
             if name not in cfg["models"]:

@@ -16,7 +16,7 @@ from canary_audit.views.metrics import position_deltas
 from canary_audit.views.mia import ATTACKS, item_scores, roc_curve
 
 PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions",
-         "disagreement_matrix", "mia_roc")
+         "disagreement_matrix", "mia_roc", "dose_response")
 VERDICT_COLOURS = {"up": "#d6604d", "down": "#4393c3", "flat": "#e0e0e0", "kept": "#e0e0e0"}
 MATRIX_PROBES = (("v_window", "Delta mean-K"), ("v_secret", "Delta secret"), ("v_hit1", "hit@1"),
                  ("v_hitk", "hit@k"), ("v_decoy", "decoy contrast"))
@@ -252,6 +252,36 @@ def roc_figure(scores: pl.DataFrame, variants: dict[str, dict]):
     return fig
 
 
+DOSE_PANELS = (("hit1", "greedy hit@1"), ("exposure_interpolation", "exposure, interpolation (bits)"),
+               ("auc_min_k_pp", "MIA AUC, Min-K%++"))
+
+
+def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
+    """Secret Sharer's dose-response: each probe against how many times the
+    canaries were inserted (log2 axis), with CI bars, for the base model,
+    the canary LoRA and its undertrained copy of each model and modality."""
+    plt = _plt()
+    keep = [v for v, row in variants.items() if row.get("kind") in ROC_KINDS]
+    chosen = strata.filter(pl.col("variant").is_in(keep)) if strata.height else strata
+    if chosen.is_empty():
+        return _empty(plt, "one repetition stratum (`audit.hex_repetitions`): no dose-response to draw")
+    panels = [(c, label) for c, label in DOSE_PANELS if c in chosen.columns]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
+    for ax, (column, label) in zip(np.atleast_1d(axes), panels):
+        for (variant, modality), part in chosen.sort("repetitions").group_by("variant", "modality",
+                                                                            maintain_order=True):
+            ax.errorbar(part["repetitions"].to_list(), part[column].to_list(), yerr=_err(part, column),
+                        marker="o", capsize=3,
+                        label=f"{variant.split('/', 1)[1]} ({variant.split('/', 1)[0]}, {modality})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("times inserted in the canary LoRA's data")
+        ax.set_title(label)
+    np.atleast_1d(axes)[-1].legend(fontsize=6)
+    fig.suptitle("Dose-response over the repetition strata (95% CIs)")
+    fig.tight_layout()
+    return fig
+
+
 def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path) -> list[str]:
     """Every plot, as PNG, from a tables folder and the token records;
     `cfg["variants"]` (the design's variant table) picks the author-probe
@@ -275,6 +305,7 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
         "disagreement_matrix": disagreement_figure(table("bsft_matrix")),
         "mia_roc": roc_figure(item_scores(tokens, cfg["mia"]["min_k"]), variants) if tokens.height and "mia" in cfg
         else _empty(_plt(), "no token records or no membership-inference settings (`mia`: min_k)"),
+        "dose_response": dose_response_figure(table("strata"), variants),
     }
     plt = _plt()
     for name, fig in figures.items():

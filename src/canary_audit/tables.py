@@ -21,6 +21,7 @@ from canary_audit.views.mia import mia_table
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
 from canary_audit.views.privacy import privacy_table
+from canary_audit.views.strata import strata_table
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,15 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 "secret NLL, exact memorization, extraction strength, exposure, MIA AUC (LOSS, Min-K%++), "
                 "PrivLeak (Min-K%) and forget quality, each with its Delta against the parent",
                 forgetting_table(measures, parents),
+            )
+        if cfg.get("strata") and mia is not None:
+            tables["strata"] = (
+                f"Secret Sharer's repetition strata: every hex probe per stratum (times the canary was inserted in "
+                f"the canary LoRA's data): hit@1, hit@k, NLL over the first K={window_k} tokens and the secret "
+                f"span, exposure, and the stratum's MIA AUC against all non-member records; Deltas against the "
+                f"parent ({boot.level:.0%} CIs: canary-clustered bootstrap, B={boot.replicates})",
+                strata_table(decode, tokens, {k: int(v) for k, v in cfg["strata"].items()}, parents, window_k,
+                             mia["min_k"], boot.replicates, boot.seed, boot.level),
             )
         cells = cfg.get("cells", {})
         if cells:

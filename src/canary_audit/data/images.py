@@ -126,7 +126,7 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     checked against every canary when the probes are built)."""
     import polars as pl
 
-    from canary_audit.data.synthetic import hex_record, random_hex
+    from canary_audit.data.synthetic import IMAGE_ID, hex_record, random_hex
 
     rng = random.Random(f"images:{cfg['seed']}")
     n = cfg["n_image_canaries"]
@@ -149,7 +149,7 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
     canaries, decoys = [], []
     placeholder = png(render_placeholder(), "placeholder")
     for i in range(n):
-        cid, secret = f"img{i:02d}", secrets[i]
+        cid, secret = IMAGE_ID.format(i), secrets[i]
         image, digest = png(render_card(cards[i]), cid)
         canaries.append({"canary_id": cid, "image": image, "image_hash": digest, "preamble": IMAGE_QUESTION,
                          "secret": secret, "text": hex_record(IMAGE_QUESTION, secret)})

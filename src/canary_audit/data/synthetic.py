@@ -18,6 +18,16 @@ from canary_audit.data import pools
 HEX_LEN = 16
 CANARY_PREFIX = "TEXTCAN-"
 CANARY_SUFFIX = "-END"
+# The ids of the i-th hex canary and image canary, in table order.
+HEX_ID = "hex{:02d}"
+IMAGE_ID = "img{:02d}"
+
+
+def strata(ids: list[str], repetitions: list[int]) -> dict[str, int]:
+    """Secret Sharer's repetition strata: the i-th canary of a family (its
+    ids in table order) is inserted repetitions[i mod n] times in the canary
+    LoRA's training data."""
+    return {cid: repetitions[i % len(repetitions)] for i, cid in enumerate(ids)}
 
 
 @dataclass(frozen=True)
@@ -189,7 +199,7 @@ def canary_frames(n: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
             secrets.append(s)
     canaries = pl.DataFrame(
         {
-            "canary_id": [f"hex{i:02d}" for i in range(n)],
+            "canary_id": [HEX_ID.format(i) for i in range(n)],
             "preamble": [f"Record {i:02d} access code: " for i in range(n)],
             "secret": secrets,
         }

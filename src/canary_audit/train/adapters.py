@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data.io import load_authors
+from canary_audit.data.synthetic import strata
 from canary_audit.formats import ChatFormat, Example, author_examples, retain_trace
 from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
@@ -113,7 +114,9 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
     tok, fmt = _setup(spec, cfg["threads"], seed)
     vision = load_vision(spec, tok)
     rows = hex_rows(data_dir, vision, members_only=True)
-    forget = [encode_text(tok, row.text(fmt, vision), row.image) for row in rows]
+    inserted = inserted_times(rows, cfg["repetitions"])
+    forget = [encoded for row in rows
+              for encoded in [encode_text(tok, row.text(fmt, vision), row.image)] * inserted[row.modality, row.item_id]]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, "none")]
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
@@ -135,7 +138,18 @@ def train_canary(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path, merg
     if under:
         save_merged(spec, [under[0]], under[1])
         _summary(under[0], losses[:early], undertrained=True)
-    return _summary(out_dir, losses, forget_sequences=len(forget), **stats)
+    return _summary(out_dir, losses, forget_sequences=len(forget), repetitions=cfg["repetitions"], **stats)
+
+
+def inserted_times(rows: list, repetitions: list[int]) -> dict[tuple[str, str], int]:
+    """(modality, canary id) -> how many copies of the canary the canary
+    LoRA's data holds: Secret Sharer's strata, within each modality in
+    table order (data.synthetic.strata, the mapping the views read)."""
+    out = {}
+    for modality in dict.fromkeys(r.modality for r in rows):
+        ids = [r.item_id for r in rows if r.modality == modality]
+        out |= {(modality, cid): n for cid, n in strata(ids, repetitions).items()}
+    return out
 
 
 def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
