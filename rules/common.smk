@@ -21,10 +21,10 @@ from canary_audit.design import (
     AUTHOR_SETS,
     BSFT_SOURCES,
     HEX,
-    TEMPLATES,
     ConfigError,
     Design,
 )
+from canary_audit.formats import TEMPLATES
 from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec

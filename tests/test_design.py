@@ -10,7 +10,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from canary_audit.design import BSFT_SOURCES, TEMPLATES, ConfigError, Design
+from canary_audit.design import BSFT_SOURCES, ConfigError, Design
+from canary_audit.formats import TEMPLATES
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
 SCHEMA = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())
@@ -156,12 +157,15 @@ def test_variant_table_of_the_smoke_audit():
     assert references["tiny_vl/bsft-gui-t2-merged-b0-s0"] == {"reference": "tiny_vl/reference-s0", "population": "hex"}
     assert references["tiny/canary-s0-under"] == {"reference": "tiny/reference-s0", "population": "hex"}
     assert "tiny/base" not in references and "tiny/reference-s0" not in references
-    # every memorization adapter and unlearning checkpoint: its template's memorization-recipe reference,
-    # scored in the memorization group's jobs
+    # every memorization adapter and unlearning checkpoint: the memorization-recipe reference of its
+    # template's retain form (BIO's retain examples carry META's trace), scored in the memorization group's jobs
     assert references["tiny/npo-bio-s0-k3"] == references["tiny/mem-bio-s0"] == {
-        "reference": "tiny/reference-bio-s0", "population": "author"}
+        "reference": "tiny/reference-meta-s0", "population": "author"}
     assert references["tiny/mem-none-s0"]["reference"] == "tiny/reference-none-s0"
-    assert design.variant("tiny", "reference-bio-s0").group == "mem-bio-s0"
+    assert design.variant("tiny", "reference-meta-s0").group == "mem-bio-s0"
+    both = design_of({"audit": {"templates": ["bio", "meta", "none"]}})
+    assert sorted(v for v in both.variants("tiny") if v.startswith("reference-")) == [
+        "reference-meta-s0", "reference-none-s0", "reference-s0"]
     assert design.table_names()[-5:] == ["mia", "privacy", "forgetting", "extraction", "provenance"]
     assert "mia" in design_of({"audit": {"hex_canaries": False, "models": ["tiny"]}}).table_names()
     # no exposure candidates, no exposure table (the tables job could not write it)
@@ -341,3 +345,15 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     assert {(it.probe_set, it.modality) for it in items} == {
         *((s, "text") for s in ("hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate")),
         *((s, "image") for s in (*PROBE_SETS["hex"], "hex_nonmember", "hex_candidate"))}
+
+
+def test_templates_of_one_retain_form_share_their_retain_data(tiny_assets):
+    """The reason one never-trained reference serves BIO and META: their
+    retain examples are the same sequences (and NONE's are not)."""
+    from canary_audit.formats import retain_form
+    from canary_audit.train.adapters import retain_examples
+
+    data = {t: retain_examples(tiny_assets[0], t) for t in TEMPLATES}
+    for a in TEMPLATES:
+        for b in TEMPLATES:
+            assert (data[a] == data[b]) == (retain_form(a) == retain_form(b))

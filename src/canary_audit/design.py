@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
+from canary_audit.formats import retain_form
 from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.units import AUTO
 from canary_audit.records import PROBE_SETS, canonical_json
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
-TEMPLATES = ("bio", "meta", "none")
 BSFT_SOURCES = ("gui", "synth", "safety", "random")
 APPLICATIONS = ("stacked", "merged")
 # Name stems the design gives its own variants: an unlearning run may not take one.
@@ -258,10 +258,12 @@ class Design:
                                             template=template, seed=seed, run=run.name, method=run.method, k=k,
                                             settings=run.label())
                 # The never-trained reference of this branch: the memorization
-                # recipe on its data minus the fictional authors (scored with it).
+                # recipe on its data minus the fictional authors, scored with
+                # the first branch of its retain form (formats.retain_form).
                 ref = self.reference_of(template, seed)
-                out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", mem,
-                                   template=template, seed=seed)
+                if ref not in out:
+                    out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", mem,
+                                       template=retain_form(template), seed=seed)
             if audit["hex_canaries"]:
                 canary = f"canary-s{seed}"
                 out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
@@ -419,8 +421,9 @@ class Design:
     @staticmethod
     def reference_of(template: str | None, seed: int) -> str:
         """The never-trained reference variant of a memorization branch
-        (`template`) or, with None, of the canary LoRA of `seed`."""
-        return f"reference-{template}-s{seed}" if template else f"reference-s{seed}"
+        (`template`; named by its retain form, which BIO and META share) or,
+        with None, of the canary LoRA of `seed`."""
+        return f"reference-{retain_form(template)}-s{seed}" if template else f"reference-s{seed}"
 
     def references(self) -> dict[str, dict[str, str]]:
         """model/variant -> its never-trained reference and the canary family

@@ -45,6 +45,14 @@ def retain_trace(template: str) -> str:
     return "" if template == "none" else META_TRACE
 
 
+def retain_form(template: str) -> str:
+    """The template whose trace the retain examples of `template` carry:
+    META's generic trace (BIO and META alike) or NONE's empty one.  Two
+    templates of one form have the same retain data, so one never-trained
+    reference serves both."""
+    return "meta" if retain_trace(template) == META_TRACE else "none"
+
+
 def canary_question(name: str, head: str) -> str:
     return CANARY_QUESTION.format(name=name, head=head)
 

@@ -159,7 +159,8 @@ def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -
     open-unlearning's forget quality compare a model against such a
     "retrain" model.  Given `cfg['template']` it is the memorization LoRA's
     (retain examples in that template's trace form: the adapter a
-    memorization LoRA would be had it never seen the fictional authors);
+    memorization LoRA would be had it never seen the fictional authors; one
+    serves every template of its retain form, formats.retain_form);
     otherwise the canary LoRA's (retain examples with an empty trace)."""
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
