@@ -210,7 +210,7 @@ def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None, a
 def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
     """Min-K%++ from a hand-made distribution; AUC by counting pairs; TPR at
     a low FPR by its threshold rule."""
-    from canary_audit.views.mia import auc, item_scores, mia_table, roc_curve, tpr_at_fpr
+    from canary_audit.views.mia import auc, item_scores, mia_table, roc_curve, settings, tpr_at_fpr
 
     rows = mia_tokens("m/v", "h0", "hex", [-1.0, -3.0, -0.5, -2.0], means=[-2.0, -2.0, -1.0, -1.0],
                       variances=[4.0, 1.0, 0.25, 1e-9])
@@ -234,7 +234,7 @@ def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
         + [r for i, lp in enumerate([-2.0, -2.5, -0.15, -3.0]) for r in mia_tokens("m/v", f"n{i}", "hex_nonmember",
                                                                                   [lp] * 3)],
         schema=TOKEN_SCHEMA)
-    table = mia_table(tokens, 0.5, [0.25], 200, 0, 0.95)
+    table = mia_table(settings(item_scores(tokens, 0.5), 200, 0), [0.25], 0.95)
     loss = table.filter(pl.col("attack") == "loss").row(0, named=True)
     assert (loss["members"], loss["nonmembers"]) == (3, 4)
     assert loss["auc"] == pytest.approx(10 / 12)  # the non-member at -0.15 beats -0.2 and -0.3: two pairs lost
@@ -250,6 +250,7 @@ def test_privleak_and_forget_quality_against_direct_computation():
     canaries' secret-span NLL under the variant and the reference."""
     from scipy.stats import ks_2samp
 
+    from canary_audit.views.mia import item_scores, settings
     from canary_audit.views.privacy import privacy_table
 
     member_lp = {"m/canary": [-0.1, -0.2, -0.3, -2.2], "m/ref": [-2.1, -2.6, -1.0, -2.9]}
@@ -260,7 +261,8 @@ def test_privleak_and_forget_quality_against_direct_computation():
         rows += [r for i, lp in enumerate(nonmember_lp[variant])
                  for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp] * 3)]
     references = {"m/canary": {"reference": "m/ref", "population": "hex"}}
-    table = privacy_table(pl.DataFrame(rows, schema=TOKEN_SCHEMA), references, 0.5, 200, 0, 0.95)
+    found = settings(item_scores(pl.DataFrame(rows, schema=TOKEN_SCHEMA), 0.5), 200, 0)
+    table = privacy_table(found, references, 0.95)
     row = table.row(0, named=True)
 
     def pairs(m, n):
@@ -281,7 +283,7 @@ def test_author_canaries_are_a_membership_family_of_their_own_per_arm():
     """Author canaries are judged against non-member authors, each prefill
     arm apart, and never pooled with the hex family; PrivLeak and forget
     quality pair a checkpoint with its memorization branch's reference."""
-    from canary_audit.views.mia import mia_table
+    from canary_audit.views.mia import item_scores, mia_table, settings
     from canary_audit.views.privacy import privacy_table
 
     member_lp = {"bio": [-0.1, -0.2, -0.3], "empty": [-2.2, -2.4, -0.1]}
@@ -299,14 +301,15 @@ def test_author_canaries_are_a_membership_family_of_their_own_per_arm():
         rows += [r for i, lp in enumerate([-0.1, -0.2]) for r in mia_tokens(variant, f"h{i}", "hex", [lp])]
         rows += [r for i, lp in enumerate([-0.3, -2.0]) for r in mia_tokens(variant, f"n{i}", "hex_nonmember", [lp])]
     tokens = pl.DataFrame(rows, schema=TOKEN_SCHEMA)
-    table = mia_table(tokens, 0.5, [0.25], 100, 0, 0.95).filter(pl.col("attack") == "loss")
+    found = settings(item_scores(tokens, 0.5), 100, 0)
+    table = mia_table(found, [0.25], 0.95).filter(pl.col("attack") == "loss")
     mine = table.filter(pl.col("variant") == "m/npo-bio-s0-k10").sort("population", "arm")
     # each family against its own non-members, never pooled
     assert mine.select("population", "arm", "members", "nonmembers").rows() == [
         ("author", "prefill_bio", 3, 4), ("author", "prefill_empty", 3, 4), ("hex", "preamble", 2, 2)]
     assert mine["auc"].to_list() == [pytest.approx(10 / 12), pytest.approx((2 + 2 + 4) / 12), 1.0]
-    privacy = privacy_table(tokens, {"m/npo-bio-s0-k10": {"reference": "m/reference-bio-s0", "population": "author"}},
-                            0.5, 100, 0, 0.95)
+    privacy = privacy_table(found, {"m/npo-bio-s0-k10": {"reference": "m/reference-bio-s0", "population": "author"}},
+                            0.95)
     assert set(privacy["population"]) == {"author"}
     bio = privacy.filter(pl.col("arm") == "prefill_bio").row(0, named=True)
     ref_auc = 0 / 12  # the reference's members (-3.1, -3.2, -3.3) lose every pair
@@ -354,6 +357,7 @@ def test_every_hex_probe_per_repetition_stratum_against_direct_computation():
     """The strata table's hit@1, secret NLL (with its Delta against the
     parent) and per-stratum MIA AUC are the hand-computed values of each
     stratum's canaries; decoys and non-members carry no stratum."""
+    from canary_audit.views.mia import item_scores
     from canary_audit.views.strata import strata_table
 
     strata = {"h0": 1, "h1": 1, "h2": 4, "h3": 4}
@@ -369,8 +373,9 @@ def test_every_hex_probe_per_repetition_stratum_against_direct_computation():
                                       for hit in hits[variant]])
         decode.append(frame.with_columns(item_id=pl.format("h{}", pl.int_range(pl.len())),
                                          group_id=pl.format("h{}", pl.int_range(pl.len()))))
-    table = strata_table(pl.concat(decode), pl.DataFrame(rows, schema=TOKEN_SCHEMA), strata, {"m/canary": "m/base"},
-                         window_k=20, min_k=0.5, replicates=200, seed=0, level=0.95)
+    tokens = pl.DataFrame(rows, schema=TOKEN_SCHEMA)
+    table = strata_table(pl.concat(decode), tokens, item_scores(tokens, 0.5), strata, {"m/canary": "m/base"},
+                         window_k=20, replicates=200, seed=0, level=0.95)
     canary = {r["repetitions"]: r for r in table.filter(pl.col("variant") == "m/canary").iter_rows(named=True)}
     assert (canary[1]["n"], canary[4]["n"]) == (2, 2)
     assert (canary[1]["hit1"], canary[4]["hit1"]) == (0.5, 1.0)
@@ -382,5 +387,4 @@ def test_every_hex_probe_per_repetition_stratum_against_direct_computation():
     assert canary[1]["auc_loss_lo"] <= canary[1]["auc_loss"] <= canary[1]["auc_loss_hi"]
     assert "delta_nll_secret" in table.columns and table.filter(pl.col("variant") == "m/base")[
         "delta_nll_secret"].is_null().all()
-    assert strata_table(pl.concat(decode), pl.DataFrame(rows, schema=TOKEN_SCHEMA), {}, {}, 20, 0.5, 10, 0,
-                        0.95).is_empty()
+    assert strata_table(pl.concat(decode), tokens, item_scores(tokens, 0.5), {}, {}, 20, 10, 0, 0.95).is_empty()

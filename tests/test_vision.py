@@ -218,3 +218,38 @@ def test_vision_flags_and_images_that_cannot_be_fed_are_refused(tiny_assets, tin
     with pytest.raises(ValueError, match=r"grey.png"):
         vision.pixels(str(grey))
     assert dataclasses.replace(spec, vision=False).vision is False
+
+
+def test_image_features_kept_across_variants_are_the_towers_own(tiny_vl_assets):
+    """A probe job keeps each batch's image features on the vision tower and
+    reuses them for the next variant: with a LoRA on the language tower (it
+    changes the records), records from the kept features equal records from
+    a fresh run of the tower; a tower carrying adapter layers is never
+    served from the cache."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.passes import score_tokens
+    from canary_audit.train.lora import lora_config
+
+    spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
+    items = [it for it in scored_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"},
+                                       vision=vision) if it.modality == "image"]
+    base = score_tokens(model, tok, items, batch_size=5, vision=vision)
+    kept = model.model.visual.__dict__["_canary_audit_features"]
+    assert len(kept) == -(-len(items) // 5)  # one entry per batch of images
+    torch.manual_seed(0)
+    adapted = get_peft_model(model, lora_config({"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]}, vision=True))
+    for name, p in adapted.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    from_cache = score_tokens(adapted, tok, items, batch_size=5, vision=vision)
+    kept.clear()
+    fresh = score_tokens(adapted, tok, items, batch_size=5, vision=vision)
+    assert not from_cache["logprob"].equals(base["logprob"])  # the adapter matters
+    assert from_cache.equals(fresh)
+    tower_lora = LoraConfig(r=2, target_modules=r".*visual.*\.qkv", lora_alpha=4)
+    on_tower = get_peft_model(_vl(tiny_vl_assets)[4], tower_lora)
+    score_tokens(on_tower, tok, items[:3], batch_size=5, vision=vision)
+    assert not on_tower.get_base_model().model.visual.__dict__.get("_canary_audit_features")

@@ -11,19 +11,28 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.records import CANDIDATE, HEX_SETS, NONMEMBER, RecordsError, hashes_by_unit, read_records
+from canary_audit.records import (
+    CANDIDATE,
+    HEX_SETS,
+    MIA_POPULATIONS,
+    NONMEMBER,
+    RecordsError,
+    hashes_by_unit,
+    read_records,
+)
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.metrics import hex_recall, nll_table
-from canary_audit.views.mia import mia_table
+from canary_audit.views.mia import item_scores, mia_table, settings
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
 from canary_audit.views.privacy import privacy_table
 from canary_audit.views.strata import strata_table
 
 log = logging.getLogger(__name__)
+NONMEMBER_SETS = [pair[1] for pair in MIA_POPULATIONS.values()]
 
 
 def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
@@ -137,19 +146,20 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia, privacy "
                      "and forgetting tables are left out; the workflow's view_config.json has them")
         else:
+            scores = item_scores(tokens, mia["min_k"])
+            found = settings(scores, boot.replicates, boot.seed)
             tables["mia"] = (
                 f"Membership inference over the secret span, members vs non-members of the same distribution (hex "
                 f"canaries vs non-member records; author canaries vs non-member authors, per prefill arm): AUC "
                 f"and TPR at low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} "
                 f"CIs: members and non-members resampled, B={boot.replicates}",
-                mia_table(tokens, mia["min_k"], mia["fpr"], boot.replicates, boot.seed, boot.level),
+                mia_table(found, mia["fpr"], boot.level),
             )
             tables["privacy"] = (
                 f"PrivLeak (MUSE: relative MIA AUC difference against the never-trained reference, %, per attack; "
                 f"paired {boot.level:.0%} bootstrap CIs, B={boot.replicates}) and KS forget quality (p-value of the "
                 f"member canaries' secret-span NLL against the reference's)",
-                privacy_table(tokens, cfg.get("references", {}), mia["min_k"], boot.replicates, boot.seed,
-                              boot.level),
+                privacy_table(found, cfg.get("references", {}), boot.level),
             )
         if tokens.filter(pl.col("probe_set") == CANDIDATE).height:
             tables["exposure"] = (
@@ -162,10 +172,10 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "
             f"definitions, from teacher-forced ranks), with Deltas against the parent ({boot.level:.0%} CIs: "
             f"bootstrap clustered by author or hex canary, B={boot.replicates})",
-            # Exposure's 1,000 candidates per variant are its own reference population, not
-            # audited items (and would make this table's bootstrap 10x slower).
-            extraction_table(tokens.filter(pl.col("probe_set") != CANDIDATE), parents, boot.replicates, boot.seed,
-                             boot.level),
+            # Exposure's candidates and membership inference's non-members are reference
+            # populations, not audited items (and would make this table's bootstrap 3-10x slower).
+            extraction_table(tokens.filter(~pl.col("probe_set").is_in([CANDIDATE, *NONMEMBER_SETS])), parents,
+                             boot.replicates, boot.seed, boot.level),
         )
         if mia is not None:
             measures = {name: frame for name, (_, frame) in tables.items()}
@@ -183,8 +193,8 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 f"the canary LoRA's data): hit@1, hit@k, NLL over the first K={window_k} tokens and the secret "
                 f"span, exposure, and the stratum's MIA AUC against all non-member records; Deltas against the "
                 f"parent ({boot.level:.0%} CIs: canary-clustered bootstrap, B={boot.replicates})",
-                strata_table(decode, tokens, {k: int(v) for k, v in cfg["strata"].items()}, parents, window_k,
-                             mia["min_k"], boot.replicates, boot.seed, boot.level),
+                strata_table(decode, tokens, scores, {k: int(v) for k, v in cfg["strata"].items()}, parents,
+                             window_k, boot.replicates, boot.seed, boot.level),
             )
         cells = cfg.get("cells", {})
         if cells:

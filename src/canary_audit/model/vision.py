@@ -73,22 +73,40 @@ class VisionInputs:
         _, grid = self.pixels(image)
         return VISION_START + IMAGE_PAD * (int(grid.prod()) // self.merge**2) + VISION_END
 
-    def forward_kwargs(self, ids, images: list[str | None], device) -> dict:
+    def forward_kwargs(self, ids, images: list[str | None], device, model=None) -> dict:
         """What a forward over the batch `ids` (one row per entry of
         `images`, None for a row without an image) takes besides the ids:
         the rows' images in order, and the image-token mask from which the
-        model computes 3-D positions.  Empty when no row has an image."""
+        model computes 3-D positions.  Empty when no row has an image.
+
+        Given `model`, the images go in as the vision tower's output
+        (`mm_encoder_outputs`), computed once per batch of images and kept
+        on the tower itself: every adapter of this workflow trains the
+        language tower only, so the variants a probe job scores one after
+        another on one base see the same image features, and a job of 20
+        variants runs the tower once instead of 20 times.  A tower that
+        carries adapter layers itself is run every time."""
         import torch
 
         present = [im for im in images if im is not None]
         if not present:
             return {}
         pixels = [self.pixels(im) for im in present]
-        return {
+        out = {
             "pixel_values": torch.cat([p for p, _ in pixels]).to(device),
             "image_grid_thw": torch.cat([g for _, g in pixels]).to(device),
             "mm_token_type_ids": (ids == self.image_token_id).int(),
         }
+        if model is None:
+            return out
+        inner = (model.get_base_model() if hasattr(model, "get_base_model") else model).model
+        if any("lora_" in name for name, _ in inner.visual.named_modules()):
+            return out
+        cache = inner.visual.__dict__.setdefault("_canary_audit_features", {})
+        key = tuple(present)
+        if key not in cache:
+            cache[key] = inner.get_image_features(out["pixel_values"], out["image_grid_thw"], return_dict=True)
+        return {**{k: v for k, v in out.items() if k != "pixel_values"}, "mm_encoder_outputs": {"image": cache[key]}}
 
     def positions(self, model, ids, mask, kwargs: dict):
         """Qwen2.5-VL's 3-D positions of a left-padded prompt batch, [3, batch, length]."""

@@ -331,7 +331,8 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int, vis
             # token never attends to the pads after it, and the pads' own
             # positions are cut off below (tested against unpadded forwards).
             ids = padded["input_ids"]
-            pictures = vision.forward_kwargs(ids, [items[i].image for i in batch], model.device) if vision else {}
+            pictures = (vision.forward_kwargs(ids, [items[i].image for i in batch], model.device, model)
+                        if vision else {})
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **pictures).logits
             fields = token_fields(logits[:, :-1], ids[:, 1:])
         host = [t.cpu().numpy() for t in fields]

@@ -34,6 +34,7 @@ resampled independently, B times, seeded.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -116,29 +117,56 @@ def bootstrap_draws(n_members: int, n_nonmembers: int, replicates: int, seed: in
             rng.integers(0, n_nonmembers, size=(replicates, n_nonmembers)))
 
 
-def mia_table(tokens: pl.DataFrame, min_k: float, fprs: list[float], replicates: int, seed: int,
-              level: float) -> pl.DataFrame:
-    """Per (variant, family, modality, arm, attack): members, non-members (of
-    the same family, modality and arm), AUC and TPR at each FPR, each with a
-    bootstrap CI; empty when no variant has both populations."""
-    items = item_scores(tokens, min_k)
-    rows = []
-    tail = (1.0 - level) / 2.0
-    groups = items.sort(ITEM_KEYS).group_by(SETTING, maintain_order=True) if items.height else ()
+@dataclass(frozen=True)
+class Setting:
+    """One attack setting's two populations (items in a fixed order), its
+    bootstrap draws, and per attack the AUC and its B bootstrap AUCs:
+    computed once, read by the mia, privacy and strata tables."""
+
+    members: pl.DataFrame
+    nonmembers: pl.DataFrame
+    picks: tuple[np.ndarray, np.ndarray]
+    aucs: dict[str, tuple[float, np.ndarray]]
+
+    def scores(self, attack: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.members[attack].to_numpy(), self.nonmembers[attack].to_numpy()
+
+
+def settings(scores: pl.DataFrame, replicates: int, seed: int) -> dict[tuple, Setting]:
+    """(variant, family, modality, arm) -> its Setting, for every setting
+    with both populations; items sorted by (probe set, id), so a variant's
+    and its reference's draws pick the same items."""
+    out = {}
+    groups = scores.sort(ITEM_KEYS).group_by(SETTING, maintain_order=True) if scores.height else ()
     for key, part in groups:
         member, nonmember = part.filter(pl.col("member")), part.filter(~pl.col("member"))
         if member.is_empty() or nonmember.is_empty():
             continue
         pick_m, pick_n = bootstrap_draws(member.height, nonmember.height, replicates, seed)
+        aucs = {}
         for attack in ATTACKS:
-            m, n = member[attack].to_numpy()[None, :], nonmember[attack].to_numpy()[None, :]
-            row = {**dict(zip(SETTING, key)), "attack": attack, "members": member.height,
-                   "nonmembers": nonmember.height}
-            measures = {"auc": lambda a, b: auc(a, b)}
-            measures |= {f"tpr_at_{f:g}_fpr": (lambda a, b, f=f: tpr_at_fpr(a, b, f)) for f in fprs}
-            for name, measure in measures.items():
-                boot = measure(m[0][pick_m], n[0][pick_n])
-                row |= {name: float(measure(m, n)[0]), f"{name}_lo": float(np.quantile(boot, tail)),
+            m, n = member[attack].to_numpy(), nonmember[attack].to_numpy()
+            aucs[attack] = (float(auc(m[None], n[None])[0]), auc(m[pick_m], n[pick_n]))
+        out[key] = Setting(member, nonmember, (pick_m, pick_n), aucs)
+    return out
+
+
+def mia_table(found: dict[tuple, Setting], fprs: list[float], level: float) -> pl.DataFrame:
+    """Per (variant, family, modality, arm, attack): members, non-members (of
+    the same family, modality and arm), AUC and TPR at each FPR, each with a
+    bootstrap CI; empty when no variant has both populations."""
+    rows = []
+    tail = (1.0 - level) / 2.0
+    for key, setting in found.items():
+        pick_m, pick_n = setting.picks
+        for attack in ATTACKS:
+            m, n = setting.scores(attack)
+            point, boot = setting.aucs[attack]
+            row = {**dict(zip(SETTING, key)), "attack": attack, "members": len(m), "nonmembers": len(n),
+                   "auc": point, "auc_lo": float(np.quantile(boot, tail)), "auc_hi": float(np.quantile(boot, 1 - tail))}
+            for f in fprs:
+                name, boot = f"tpr_at_{f:g}_fpr", tpr_at_fpr(m[pick_m], n[pick_n], f)
+                row |= {name: float(tpr_at_fpr(m[None], n[None], f)[0]), f"{name}_lo": float(np.quantile(boot, tail)),
                         f"{name}_hi": float(np.quantile(boot, 1 - tail))}
             rows.append(row)
     return pl.DataFrame(rows).sort(*SETTING, "attack") if rows else pl.DataFrame()

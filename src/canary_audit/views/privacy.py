@@ -33,53 +33,47 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from canary_audit.views.mia import ATTACKS, SETTING, auc, bootstrap_draws, item_scores
-
-PAIRED = ["population", "modality", "arm"]
+from canary_audit.views.mia import ATTACKS, SETTING, Setting
 
 
-def privacy_table(tokens: pl.DataFrame, references: dict[str, dict[str, str]], min_k: float, replicates: int,
-                  seed: int, level: float) -> pl.DataFrame:
+def privacy_table(found: dict[tuple, Setting], references: dict[str, dict[str, str]], level: float) -> pl.DataFrame:
     """Per (variant, modality, arm) of the family its reference never saw
     (`references`: variant -> {reference, population}, Design.references):
     PrivLeak of every attack with its paired-bootstrap CI, the two AUCs it
     compares, and the KS forget quality (p-value and statistic) of the
-    members' mean secret-span NLL (minus the `loss` score)."""
+    members' mean secret-span NLL (minus the `loss` score).  `found` holds
+    every setting's AUCs and bootstrap AUCs (mia.settings); the variant's
+    and the reference's come from the same draws of the same items, so
+    their ratio per replicate is a paired bootstrap."""
     from scipy.stats import ks_2samp
 
-    named = {*references, *(r["reference"] for r in references.values())}
-    scores = item_scores(tokens.filter(pl.col("variant").is_in(named)), min_k)
-    if scores.is_empty():
-        return pl.DataFrame()
     tail = (1.0 - level) / 2.0
     rows = []
-    for variant, entry in sorted(references.items()):
-        ref = entry["reference"]
-        mine_all = scores.filter((pl.col("variant") == variant) & (pl.col("population") == entry["population"]))
-        for key in mine_all.select(PAIRED).unique().sort(PAIRED).rows():
-            here = pl.all_horizontal(pl.col(c) == v for c, v in zip(PAIRED, key))
-            mine, theirs = mine_all.filter(here), scores.filter((pl.col("variant") == ref) & here)
-            paired = mine.join(theirs.drop("variant"), on=[*PAIRED, "probe_set", "item_id", "member"],
-                               suffix="_ref").sort("probe_set", "item_id")
-            members, nonmembers = paired.filter(pl.col("member")), paired.filter(~pl.col("member"))
-            if members.is_empty() or nonmembers.is_empty():
-                continue
-            pick_m, pick_n = bootstrap_draws(members.height, nonmembers.height, replicates, seed)
-            row = {**dict(zip(SETTING, (variant, *key))), "reference": ref, "members": members.height,
-                   "nonmembers": nonmembers.height}
-            for attack in ATTACKS:
-                m, n = members[attack].to_numpy(), nonmembers[attack].to_numpy()
-                m_ref, n_ref = members[f"{attack}_ref"].to_numpy(), nonmembers[f"{attack}_ref"].to_numpy()
-                mine_auc, ref_auc = auc(m[None], n[None]), auc(m_ref[None], n_ref[None])
-                boot = _privleak(auc(m[pick_m], n[pick_n]), auc(m_ref[pick_m], n_ref[pick_n]))
-                row |= {f"auc_{attack}": float(mine_auc[0]), f"ref_auc_{attack}": float(ref_auc[0]),
-                        f"privleak_{attack}": float(_privleak(mine_auc, ref_auc)[0]),
-                        f"privleak_{attack}_lo": _quantile(boot, tail),
-                        f"privleak_{attack}_hi": _quantile(boot, 1 - tail)}
-            # The forget statistic, mean secret-span NLL, is minus the LOSS score.
-            test = ks_2samp(-members["loss"].to_numpy(), -members["loss_ref"].to_numpy())
-            row |= {"forget_quality": float(test.pvalue), "ks_statistic": float(test.statistic)}
-            rows.append(row)
+    for key in sorted(k for k in found if k[0] in references and k[1] == references[k[0]]["population"]):
+        variant, rest = key[0], key[1:]
+        ref = references[variant]["reference"]
+        mine, theirs = found[key], found.get((ref, *rest))
+        if theirs is None:
+            continue
+        for side in ("members", "nonmembers"):
+            ids = [getattr(s, side).select("probe_set", "item_id").rows() for s in (mine, theirs)]
+            if ids[0] != ids[1]:
+                raise ValueError(f"PrivLeak of `{variant}` against `{ref}` ({', '.join(rest)}): their {side} are "
+                                 "not the same items; re-run the teacher-forced passes of both (their records are "
+                                 "incomplete or from other data)")
+        row = {**dict(zip(SETTING, key)), "reference": ref, "members": mine.members.height,
+               "nonmembers": mine.nonmembers.height}
+        for attack in ATTACKS:
+            (value, boot), (ref_value, ref_boot) = mine.aucs[attack], theirs.aucs[attack]
+            draws = _privleak(boot, ref_boot)
+            row |= {f"auc_{attack}": value, f"ref_auc_{attack}": ref_value,
+                    f"privleak_{attack}": float(_privleak(np.array([value]), np.array([ref_value]))[0]),
+                    f"privleak_{attack}_lo": _quantile(draws, tail),
+                    f"privleak_{attack}_hi": _quantile(draws, 1 - tail)}
+        # The forget statistic, mean secret-span NLL, is minus the LOSS score.
+        test = ks_2samp(-mine.members["loss"].to_numpy(), -theirs.members["loss"].to_numpy())
+        row |= {"forget_quality": float(test.pvalue), "ks_statistic": float(test.statistic)}
+        rows.append(row)
     return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 

@@ -30,7 +30,7 @@ from canary_audit.records import HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.exposure import item_exposures
 from canary_audit.views.metrics import hex_hits, per_item_nll, with_parent
-from canary_audit.views.mia import auc, bootstrap_draws, item_scores
+from canary_audit.views.mia import auc, bootstrap_draws
 
 KEYS = ["variant", "modality", "repetitions"]
 STRATUM_ATTACKS = ("loss", "min_k_pp")
@@ -56,11 +56,11 @@ def per_canary(decode: pl.DataFrame, tokens: pl.DataFrame, strata: dict[str, int
     return items.select(complete).join(stratum, on="item_id", how="inner")
 
 
-def strata_table(decode: pl.DataFrame, tokens: pl.DataFrame, strata: dict[str, int], parents: dict[str, str],
-                 window_k: int, min_k: float, replicates: int, seed: int, level: float) -> pl.DataFrame:
+def strata_table(decode: pl.DataFrame, tokens: pl.DataFrame, scores: pl.DataFrame, strata: dict[str, int],
+                 parents: dict[str, str], window_k: int, replicates: int, seed: int, level: float) -> pl.DataFrame:
     """Per (variant, modality, stratum): every hex probe with its CI, the
-    Deltas against the parent, and the stratum's MIA AUCs; empty without
-    strata or hex records."""
+    Deltas against the parent, and the stratum's MIA AUCs (from `scores`,
+    mia.item_scores); empty without strata or hex records."""
     if not strata or not tokens.height:
         return pl.DataFrame()
     items = per_canary(decode, tokens, strata, window_k)
@@ -78,15 +78,14 @@ def strata_table(decode: pl.DataFrame, tokens: pl.DataFrame, strata: dict[str, i
             [*KEYS, "parent"], [f"delta_{v}" for v in moved], replicates, seed, level=level, table="strata",
         ).drop("n")
         table = table.join(deltas, on=KEYS, how="left")
-    return table.join(_stratum_auc(tokens, strata, min_k, replicates, seed, level), on=KEYS, how="left").sort(KEYS)
+    return table.join(_stratum_auc(scores, strata, replicates, seed, level), on=KEYS, how="left").sort(KEYS)
 
 
-def _stratum_auc(tokens: pl.DataFrame, strata: dict[str, int], min_k: float, replicates: int, seed: int,
+def _stratum_auc(scores: pl.DataFrame, strata: dict[str, int], replicates: int, seed: int,
                  level: float) -> pl.DataFrame:
     """Per (variant, modality, stratum): AUC of the stratum's canaries
     against every non-member record of the modality, per attack, with CIs."""
     schema = {"variant": pl.Utf8, "modality": pl.Utf8, "repetitions": pl.Int64}
-    scores = item_scores(tokens, min_k)
     if scores.is_empty():
         return pl.DataFrame(schema=schema)
     scores = scores.filter(pl.col("population") == "hex").with_columns(
