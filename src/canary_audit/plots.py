@@ -292,7 +292,7 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
 
     def table(name: str) -> pl.DataFrame:
         path = Path(tables_dir) / f"{name}.csv"
-        return pl.read_csv(path) if path.exists() else pl.DataFrame()
+        return pl.read_csv(path) if path.exists() and path.stat().st_size else pl.DataFrame()
 
     figures = {
         "k_sweep": k_sweep_figure(table("k_sweep")),

@@ -1,7 +1,8 @@
 """A run's headline results as one Markdown page, written from its tables
 (never typed by hand): the K sweep, the prefill arms, retain utility, hex
-recall, membership inference and paper B's cell x probe matrix, with the code versions the tables
-read.  `python -m canary_audit summary --tables results/tables --out
+recall, membership inference, exposure, what moved after unlearning, the
+repetition strata (when the run has them) and paper B's cell x probe
+matrix, with the code versions the tables read.  `python -m canary_audit summary --tables results/tables --out
 docs/results.md` writes docs/results.md.
 """
 
@@ -26,8 +27,10 @@ def with_ci(frame: pl.DataFrame, columns: list[str], digits: int = 2) -> pl.Data
 
 
 def _read(tables: Path, name: str) -> pl.DataFrame | None:
+    """A table, or None when the run has none or it is empty (an empty
+    table's CSV has no header to read)."""
     path = tables / f"{name}.csv"
-    return pl.read_csv(path) if path.is_file() else None
+    return pl.read_csv(path) if path.is_file() and path.stat().st_size else None
 
 
 def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
@@ -66,6 +69,32 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
                         c for c in ("variant", "modality", "candidates", "exposure_interpolation",
                                     "exposure_extrapolation", "delta_exposure_extrapolation")
                         if c in exposure.columns)))
+    if (moved := _read(tables, "forgetting")) is not None:
+        columns = ["variant", "arm", "paper_value", "delta_paper_value", "delta_nll_secret",
+                   "delta_exact_memorization", "auc_min_k_pp", "delta_auc_min_k_pp", "privleak_min_k",
+                   "forget_quality"]
+        authors = moved.filter(pl.col("population") == "author")
+        if authors.height:
+            out.append(("What moved after unlearning", "Per memorization adapter and unlearning checkpoint and "
+                        "prefill arm: paper A's out_acc (AUTO arm) beside the teacher-forced secret NLL, exact "
+                        "memorization, Min-K%++ AUC (author canaries vs non-member authors), PrivLeak (Min-K%, "
+                        "against the never-trained reference of its retain form, 95% CI) and KS forget quality; "
+                        "delta_ = against the parent (the memorized adapter; the base for it).",
+                        with_ci(authors, ["privleak_min_k"], 1).select(columns)))
+        canary = moved.filter((pl.col("population") == "hex") & pl.col("variant").str.contains("/canary-s"))
+        if canary.height:
+            out.append(("The canary LoRA against its reference", "Hex canaries on the canary LoRA and its "
+                        "undertrained copy: hit@1 beside the same measures, and exposure (interpolation, bits).",
+                        with_ci(canary, ["privleak_min_k"], 1).select(
+                            "variant", "modality", "paper_value", "delta_nll_secret", "exposure_interpolation",
+                            "auc_min_k_pp", "privleak_min_k", "forget_quality")))
+    if (strata := _read(tables, "strata")) is not None:
+        keep = [c for c in ("variant", "modality", "repetitions", "n", "hit1", "exposure_interpolation",
+                            "auc_min_k_pp", "delta_nll_secret") if c in strata.columns]
+        out.append(("Repetition strata", "Secret Sharer's dose-response: each probe per number of times a canary "
+                    "was inserted in the canary LoRA's data (canary-clustered 95% CIs).",
+                    with_ci(strata.filter(pl.col("variant").str.contains("/canary-s|/base$")),
+                            [c for c in ("hit1", "exposure_interpolation", "auc_min_k_pp") if c in keep]).select(keep)))
     if (matrix := _read(tables, "bsft_matrix")) is not None:
         out.append(("Paper B: cell x probe matrix", "Each probe's Delta against the merged base (canary-clustered "
                     "95% CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "
