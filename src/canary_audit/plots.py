@@ -252,7 +252,9 @@ def roc_figure(scores: pl.DataFrame, variants: dict[str, dict]):
     return fig
 
 
-DOSE_PANELS = (("hit1", "greedy hit@1"), ("exposure_interpolation", "exposure, interpolation (bits)"),
+# Exposure by extrapolation: rank interpolation saturates at log2 R once a
+# canary beats every candidate, which a memorized stratum does at once.
+DOSE_PANELS = (("hit1", "greedy hit@1"), ("exposure_extrapolation", "exposure, skew-normal extrapolation (bits)"),
                ("auc_min_k_pp", "MIA AUC, Min-K%++"))
 
 
@@ -276,9 +278,10 @@ def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("times inserted in the canary LoRA's data")
         ax.set_title(label)
-    np.atleast_1d(axes)[-1].legend(fontsize=6)
+    handles, labels = np.atleast_1d(axes)[-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
     fig.suptitle("Dose-response over the repetition strata (95% CIs)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     return fig
 
 
