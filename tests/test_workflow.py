@@ -352,10 +352,13 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     override = {"models": {"r1_qwen7b": {"path": base, "dtype": "float32"},
                            "r1_llama8b": {"path": base, "dtype": "float32"}}}
     jobs = planned_jobs(smoke_run, override, layer="configs/paper_a.yaml")
-    per_model_seed = {"mem": 3, "runs": 4, "variants": 3 + 4 * 4}
+    # two never-trained references per (model, seed): BIO and META share one retain form, NONE has its own
+    per_model_seed = {"mem": 3, "runs": 4, "references": 2, "variants": 3 + 4 * 4 + 2}
     assert jobs == {
         "synthetic_data": 1,
         "populations": 1,                        # the base groups score the hex records (no canary LoRA)
+        "author_nonmembers": 1,
+        "author_reference_lora": 2 * 2 * per_model_seed["references"],
         "memorize": 2 * 2 * per_model_seed["mem"],
         "unlearn": 2 * 2 * per_model_seed["runs"],
         "variant_manifest": 2 * (1 + 2 * per_model_seed["variants"]),

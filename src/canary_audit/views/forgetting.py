@@ -71,11 +71,13 @@ def forgetting_table(tables: dict[str, pl.DataFrame], parents: dict[str, str]) -
                          ("extraction", ["exact_memorization", "delta_exact_memorization", "extraction_strength",
                                          "delta_extraction_strength"])):
         if (frame := tables.get(name)) is not None and frame.height:
-            out = out.join(frame.select("variant", "probe_set", "arm", "modality", *values),
+            # (a table has no Delta columns when none of its variants has a parent)
+            out = out.join(frame.select("variant", "probe_set", "arm", "modality",
+                                        *(v for v in values if v in frame.columns)),
                            on=["variant", "probe_set", "arm", "modality"], how="left")
     if (exposure := tables.get("exposure")) is not None and exposure.height:
-        out = out.join(exposure.select("variant", "modality", "exposure_interpolation",
-                                       "delta_exposure_interpolation", population=pl.lit("hex")),
+        values = [v for v in ("exposure_interpolation", "delta_exposure_interpolation") if v in exposure.columns]
+        out = out.join(exposure.select("variant", "modality", *values, population=pl.lit("hex")),
                        on=["variant", "modality", "population"], how="left")
     if (mia := tables.get("mia")) is not None and mia.height:
         for attack in ("loss", "min_k_pp"):
