@@ -49,7 +49,9 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     leakage = pl.read_csv(tables / "canary_leakage.csv")
     branch = {"tiny/mem-bio-s0", "tiny/npo-bio-s0-k3", "tiny/npo-bio-s0-k5", "tiny/ga-bio-s0-k3", "tiny/ga-bio-s0-k5"}
     base_group = {"tiny/base", "tiny/canary-s0", "tiny/reference-s0", "tiny/canary-s0-under"}
-    assert branch | base_group | {"tiny/mem-none-s0"} == set(leakage["variant"])
+    # each memorization group also scores the never-trained reference of its retain form
+    references = {"tiny/reference-meta-s0", "tiny/reference-none-s0"}
+    assert branch | base_group | references | {"tiny/mem-none-s0"} == set(leakage["variant"])
     assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty"} == set(leakage["arm"])
     assert (leakage["out_acc_lo"] <= leakage["out_acc"]).all() and (leakage["out_acc"] <= leakage["out_acc_hi"]).all()
     sweep = pl.read_csv(tables / "k_sweep.csv")
@@ -57,16 +59,23 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     # One records file per probe group: the memorized adapter and its unlearning
     # checkpoints, each row naming its variant and that variant's weights.
     records = smoke_run / "results" / "smoke" / "records" / "tiny"
-    decode = pl.read_parquet(records / "mem-bio-s0" / "decode.parquet")
+    decode = pl.read_parquet(records / "mem-bio-s0" / "decode.parquet").filter(
+        pl.col("variant") != "tiny/reference-meta-s0")
     assert set(decode["variant"]) == branch
     # a memorization group runs the author and retain probes only: its adapters never saw a hex canary
     assert set(decode["probe_set"]) == {"canary", "qa", "retain"}
-    assert set(pl.read_parquet(records / "mem-bio-s0" / "token.parquet")["probe_set"]) == {"canary"}
+    assert set(pl.read_parquet(records / "mem-bio-s0" / "token.parquet")["probe_set"]) == {"canary", "author_nonmember"}
     assert {"hex", "canary"} <= set(pl.read_parquet(records / "base" / "decode.parquet")["probe_set"])
     # one settings hash per probe unit (auto, and the bio, meta, empty prefills)
     assert decode["config_hash"].n_unique() == 4 and decode["model_fingerprint"].n_unique() == len(branch)
     base_fp = pl.read_parquet(records / "base" / "decode.parquet")["model_fingerprint"][0]
     assert base_fp not in set(decode["model_fingerprint"])
+    # every memorization adapter and unlearning checkpoint: the field's measures against its reference,
+    # per prefill arm, beside paper A's out_acc
+    moved = pl.read_csv(tables / "forgetting.csv").filter(pl.col("population") == "author")
+    assert set(moved["variant"]) == branch | {"tiny/mem-none-s0"}
+    assert set(moved.filter(pl.col("variant") == "tiny/npo-bio-s0-k3")["reference"]) == {"tiny/reference-meta-s0"}
+    assert moved["paper_value"].null_count() == 0 and moved["forget_quality"].null_count() == 0
 
 
 def test_smoke_run_audits_every_bsft_cell(smoke_run):
