@@ -270,7 +270,7 @@ def test_a_new_unlearning_run_runs_only_its_own_jobs(smoke_run):
 # each probed per unit (AUTO and the bio, meta and empty prefill arms).
 FINE = {"grain": "fine", "audit": {"models": ["tiny"], "templates": ["bio"], "hex_canaries": False},
         "unlearn": {"runs": {"npo": {"templates": ["bio"]}, "ga": {"templates": []}}}}
-FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5")
+FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5", "reference-meta-s0")
 
 
 def merged(base: dict, change: dict) -> dict:
