@@ -132,6 +132,14 @@ def test_build_tables_and_markdown():
     assert md.splitlines()[0].startswith("| variant | arm | n | out_acc")
 
 
+def test_markdown_shows_a_tiny_nonzero_value_not_a_zero():
+    # A KS forget quality of 1.86e-23 printed as "0.0" before this change.
+    frame = pl.DataFrame({"v": ["a", "b", "c", "d", "e"],
+                          "x": [1.86e-23, 0.0, 0.12345, 0.0004, None]})
+    cells = [line.split(" | ")[1].rstrip(" |") for line in to_markdown(frame).splitlines()[2:]]
+    assert cells == ["1.86e-23", "0.0", "0.123", "4.00e-04", ""]
+
+
 def test_bootstrap_refuses_missing_values_naming_table_and_column():
     from canary_audit.views.bootstrap import MissingValuesError, rates_with_ci
 

@@ -35,12 +35,25 @@ log = logging.getLogger(__name__)
 NONMEMBER_SETS = [pair[1] for pair in MIA_POPULATIONS.values()]
 
 
+def format_cell(value: object, digits: int = 3) -> str:
+    """One Markdown cell.  A float is rounded to `digits` decimals, except a
+    non-zero one that rounding would show as 0 (a KS forget quality of 1e-15,
+    a p-value), which keeps three significant digits in scientific notation:
+    a reader must not see a zero that is not one."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value != 0 and abs(value) < 0.5 * 10 ** -digits:
+        return f"{value:.2e}"
+    if isinstance(value, float):
+        return str(round(value, digits))
+    return str(value)
+
+
 def to_markdown(frame: pl.DataFrame, digits: int = 3) -> str:
-    """A GitHub Markdown table; floats rounded to `digits`."""
-    shown = frame.with_columns(pl.col(pl.Float32, pl.Float64).cast(pl.Float64).round(digits))
-    header = "| " + " | ".join(shown.columns) + " |"
-    rule = "|" + "|".join("---" for _ in shown.columns) + "|"
-    rows = ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in shown.iter_rows()]
+    """A GitHub Markdown table; floats as `format_cell` shows them."""
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join(format_cell(v, digits) for v in row) + " |" for row in frame.iter_rows()]
     return "\n".join([header, rule, *rows]) + "\n"
 
 
