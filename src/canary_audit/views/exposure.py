@@ -36,7 +36,7 @@ import polars as pl
 from canary_audit.data.synthetic import HEX_LEN
 from canary_audit.records import CANDIDATE, HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
-from canary_audit.views.metrics import with_parent
+from canary_audit.views.metrics import with_paired_deltas
 
 MEMBER = HEX_SETS[0]
 METHODS = ("interpolation", "extrapolation")
@@ -111,12 +111,5 @@ def exposure_table(tokens: pl.DataFrame, parents: dict[str, str], replicates: in
     extent = items.group_by(keys).agg(pl.col("candidates", "fit_shape", "fit_loc", "fit_scale").first()).with_columns(
         ceiling_interpolation=pl.col("candidates").cast(pl.Float64).log(2), ceiling_extrapolation=pl.lit(SPACE_BITS))
     table = rates.join(extent, on=keys, how="left")
-    paired = with_parent(items, parents, ["modality", "item_id"], {v: f"ref_{v}" for v in values}).filter(
-        pl.col(f"ref_{values[0]}").is_not_null())
-    if paired.height:
-        deltas = rates_with_ci(
-            paired.with_columns(**{f"delta_{v}": pl.col(v) - pl.col(f"ref_{v}") for v in values}),
-            [*keys, "parent"], [f"delta_{v}" for v in values], replicates, seed, level=level, table="exposure",
-        ).drop("n")
-        table = table.join(deltas, on=keys, how="left")
-    return table.sort(keys)
+    return with_paired_deltas(table, items, keys, ["modality", "item_id"], values, parents, replicates, seed,
+                              level, "exposure").sort(keys)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import polars as pl
 
 from canary_audit.views.bootstrap import rates_with_ci
-from canary_audit.views.metrics import with_parent
+from canary_audit.views.metrics import with_paired_deltas
 
 KEYS = ["variant", "probe_set", "arm", "modality"]
 
@@ -57,12 +57,5 @@ def extraction_table(tokens: pl.DataFrame, parents: dict[str, str], replicates: 
         return pl.DataFrame()
     values = ["exact_memorization", "extraction_strength"]
     rates = rates_with_ci(items, KEYS, values, replicates, seed, level=level, table="extraction")
-    paired = with_parent(items, parents, ["probe_set", "arm", "modality", "item_id"],
-                         {v: f"ref_{v}" for v in values}).filter(pl.col("ref_exact_memorization").is_not_null())
-    if paired.is_empty():
-        return rates
-    deltas = rates_with_ci(
-        paired.with_columns(**{f"delta_{v}": pl.col(v) - pl.col(f"ref_{v}") for v in values}),
-        [*KEYS, "parent"], [f"delta_{v}" for v in values], replicates, seed, level=level, table="extraction",
-    ).drop("n")
-    return rates.join(deltas, on=KEYS, how="left").sort(KEYS)
+    return with_paired_deltas(rates, items, KEYS, ["probe_set", "arm", "modality", "item_id"], values, parents,
+                              replicates, seed, level, "extraction").sort(KEYS)

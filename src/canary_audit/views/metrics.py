@@ -13,6 +13,7 @@ import polars as pl
 
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
 from canary_audit.records import HEX_SETS
+from canary_audit.views.bootstrap import rates_with_ci
 
 
 def contains_reference(column: str) -> pl.Expr:
@@ -97,6 +98,26 @@ def with_parent(frame: pl.DataFrame, parents: dict[str, str], on: list[str], val
     )
     ref = frame.select(*on, parent=pl.col("variant"), **{new: pl.col(old) for old, new in values.items()})
     return frame.join(parent_of, on="variant", how="left").join(ref, on=["parent", *on], how="left")
+
+
+def with_paired_deltas(table: pl.DataFrame, items: pl.DataFrame, keys: list[str], on: list[str],
+                       values: list[str], parents: dict[str, str], replicates: int, seed: int, level: float,
+                       name: str) -> pl.DataFrame:
+    """`table` (one row per `keys`) with each of `values`' Delta against the
+    variant's parent, `delta_<value>`, and its clustered bootstrap CI.  The
+    Delta is paired: per item (matched on `on`) first, then resampled by
+    cluster, so a Delta's CI is narrower than the two rates' CIs suggest.
+    Rows whose variant has no parent, or whose items the parent did not
+    score, keep null Deltas."""
+    paired = with_parent(items, parents, on, {v: f"ref_{v}" for v in values}).filter(
+        pl.col(f"ref_{values[0]}").is_not_null())
+    if paired.is_empty():
+        return table
+    deltas = rates_with_ci(
+        paired.with_columns(**{f"delta_{v}": pl.col(v) - pl.col(f"ref_{v}") for v in values}),
+        [*keys, "parent"], [f"delta_{v}" for v in values], replicates, seed, level=level, table=name,
+    ).drop("n")
+    return table.join(deltas, on=keys, how="left")
 
 
 def nll_table(tokens: pl.DataFrame, window_k: int, parents: dict[str, str]) -> pl.DataFrame:

@@ -29,7 +29,7 @@ import polars as pl
 from canary_audit.records import HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.exposure import item_exposures
-from canary_audit.views.metrics import hex_hits, per_item_nll, with_parent
+from canary_audit.views.metrics import hex_hits, per_item_nll, with_paired_deltas
 from canary_audit.views.mia import auc, bootstrap_draws
 
 KEYS = ["variant", "modality", "repetitions"]
@@ -70,14 +70,8 @@ def strata_table(decode: pl.DataFrame, tokens: pl.DataFrame, scores: pl.DataFram
                           "exposure_extrapolation") if c in items.columns]
     table = rates_with_ci(items, KEYS, values, replicates, seed, level=level, table="strata")
     moved = [v for v in values if v != "hitk"]
-    paired = with_parent(items, parents, ["modality", "item_id"], {v: f"ref_{v}" for v in moved}).filter(
-        pl.col(f"ref_{moved[0]}").is_not_null())
-    if paired.height:
-        deltas = rates_with_ci(
-            paired.with_columns(**{f"delta_{v}": pl.col(v) - pl.col(f"ref_{v}") for v in moved}),
-            [*KEYS, "parent"], [f"delta_{v}" for v in moved], replicates, seed, level=level, table="strata",
-        ).drop("n")
-        table = table.join(deltas, on=KEYS, how="left")
+    table = with_paired_deltas(table, items, KEYS, ["modality", "item_id"], moved, parents, replicates, seed,
+                               level, "strata")
     return table.join(_stratum_auc(scores, strata, replicates, seed, level), on=KEYS, how="left").sort(KEYS)
 
 
