@@ -105,10 +105,11 @@ def with_paired_deltas(table: pl.DataFrame, items: pl.DataFrame, keys: list[str]
                        name: str) -> pl.DataFrame:
     """`table` (one row per `keys`) with each of `values`' Delta against the
     variant's parent, `delta_<value>`, and its clustered bootstrap CI.  The
-    Delta is paired: per item (matched on `on`) first, then resampled by
-    cluster, so a Delta's CI is narrower than the two rates' CIs suggest.
-    Rows whose variant has no parent, or whose items the parent did not
-    score, keep null Deltas."""
+    Delta is paired: taken per item (matched on `on`) first, then resampled
+    by cluster, so its CI is that of the difference on the same items, not
+    one built from the two rates' independent intervals.  Rows whose
+    variant has no parent, or whose items the parent did not score, keep
+    null Deltas."""
     paired = with_parent(items, parents, on, {v: f"ref_{v}" for v in values}).filter(
         pl.col(f"ref_{values[0]}").is_not_null())
     if paired.is_empty():
