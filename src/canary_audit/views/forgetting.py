@@ -24,6 +24,7 @@ import polars as pl
 
 from canary_audit.probes.units import AUTO
 from canary_audit.records import MIA_POPULATIONS
+from canary_audit.views.metrics import with_parent
 
 ROW = ["variant", "population", "modality", "arm"]
 # The behavioural probe paper A and paper B report per canary family.
@@ -33,10 +34,8 @@ PAPER_PROBE = {"author": "out_acc (AUTO arm, answer)", "hex": "hit_at_1 (greedy)
 def _with_delta(frame: pl.DataFrame, keys: list[str], values: list[str], parents: dict[str, str]) -> pl.DataFrame:
     """`values` per `keys` (variant first), each with `delta_<value>` against
     the row of the variant's parent on the same other keys."""
-    parent = pl.col("variant").replace_strict(parents, default=None)
-    own = frame.select(*keys, *values).with_columns(parent=parent)
-    ref = own.select(pl.col("variant").alias("parent"), *keys[1:], *(pl.col(v).alias(f"_p_{v}") for v in values))
-    return own.join(ref, on=["parent", *keys[1:]], how="left").select(
+    own = with_parent(frame.select(*keys, *values), parents, keys[1:], {v: f"_p_{v}" for v in values})
+    return own.select(
         *keys, *(c for v in values for c in (pl.col(v), (pl.col(v) - pl.col(f"_p_{v}")).alias(f"delta_{v}"))))
 
 
