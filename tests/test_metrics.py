@@ -140,6 +140,24 @@ def test_markdown_shows_a_tiny_nonzero_value_not_a_zero():
     assert cells == ["1.86e-23", "0.0", "0.123", "4.00e-04", ""]
 
 
+def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
+    import json
+
+    from canary_audit.summary import write_summary
+
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    pl.DataFrame({"template": ["bio"], "run": ["npo"], "k": [0], **{
+        f"{c}{end}": [0.5] for c in ("out_acc", "thk_leak", "gap") for end in ("", "_lo", "_hi")}}).write_csv(
+        tables / "k_sweep.csv")
+    with pytest.raises(FileNotFoundError, match="view_config.json"):
+        write_summary(tables, tmp_path / "results.md")
+    (tables / "view_config.json").write_text(json.dumps({"bootstrap": {"level": 0.9}}))
+    assert write_summary(tables, tmp_path / "results.md") == {"K sweep": 1}
+    page = (tmp_path / "results.md").read_text()
+    assert "(author-clustered bootstrap 90% CIs)" in page and "95%" not in page
+
+
 def test_bootstrap_refuses_missing_values_naming_table_and_column():
     from canary_audit.views.bootstrap import MissingValuesError, rates_with_ci
 

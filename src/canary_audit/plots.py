@@ -280,7 +280,7 @@ def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
         ax.set_title(label)
     handles, labels = np.atleast_1d(axes)[-1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
-    fig.suptitle("Dose-response over the repetition strata (95% CIs)")
+    fig.suptitle("Dose-response over the repetition strata (bootstrap CIs)")
     fig.tight_layout(rect=(0, 0.16, 1, 1))
     return fig
 

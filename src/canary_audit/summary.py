@@ -8,6 +8,7 @@ docs/results.md` writes docs/results.md.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -33,12 +34,23 @@ def _read(tables: Path, name: str) -> pl.DataFrame | None:
     return pl.read_csv(path) if path.is_file() and path.stat().st_size else None
 
 
+def ci_level(tables: Path) -> str:
+    """The CI level the tables were computed at (`tables.bootstrap.level`),
+    as the tables job recorded it in `view_config.json`, e.g. "95%"."""
+    path = tables / "view_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the summary states the CI level the tables were computed "
+                                "at; point --tables at a tables folder the workflow's `tables` rule wrote")
+    return f"{json.loads(path.read_text())['bootstrap']['level']:.0%}"
+
+
 def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     """(title, sentence, frame) of each headline table the run has."""
     out = []
+    ci = ci_level(tables)
     if (sweep := _read(tables, "k_sweep")) is not None:
         out.append(("K sweep", "AUTO arm along each unlearning run; K = 0 is the memorized adapter "
-                    "(author-clustered bootstrap 95% CIs).",
+                    f"(author-clustered bootstrap {ci} CIs).",
                     with_ci(sweep, ["out_acc", "thk_leak", "gap"]).select("template", "run", "k", "out_acc",
                                                                           "thk_leak", "gap")))
     if (arms := _read(tables, "prefill_arms")) is not None:
@@ -60,11 +72,11 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
         out.append(("Membership inference (AUC)", "Members against non-members of the same distribution, per "
                     "attack, over the secret span: hex canaries against non-member records of their format, and "
                     "the fictional authors' canaries against non-member authors' under each prefill arm; 0.5 = "
-                    "chance (bootstrap 95% CIs).", wide))
+                    f"chance (bootstrap {ci} CIs).", wide))
     if (exposure := _read(tables, "exposure")) is not None and exposure.height:
         out.append(("Secret Sharer exposure (bits)", "Each hex canary's rank among random candidates of its format "
                     "(interpolation, ceiling log2 R) and the skew-normal extrapolation (cap 64 bits), mean over "
-                    "canaries with canary-clustered 95% CIs; Delta against the parent.",
+                    f"canaries with canary-clustered {ci} CIs; Delta against the parent.",
                     with_ci(exposure, ["exposure_interpolation", "exposure_extrapolation"]).select(
                         c for c in ("variant", "modality", "candidates", "exposure_interpolation",
                                     "exposure_extrapolation", "delta_exposure_extrapolation")
@@ -78,7 +90,7 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
             out.append(("What moved after unlearning", "Per memorization adapter and unlearning checkpoint and "
                         "prefill arm: paper A's out_acc (AUTO arm) beside the teacher-forced secret NLL, exact "
                         "memorization, Min-K%++ AUC (author canaries vs non-member authors), PrivLeak (Min-K%, "
-                        "against the never-trained reference of its retain form, 95% CI) and KS forget quality; "
+                        f"against the never-trained reference of its retain form, {ci} CI) and KS forget quality; "
                         "delta_ = against the parent (the memorized adapter; the base for it).",
                         with_ci(authors, ["privleak_min_k"], 1).select(columns)))
         canary = moved.filter((pl.col("population") == "hex") & pl.col("variant").str.contains("/canary-s"))
@@ -92,12 +104,12 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
         keep = [c for c in ("variant", "modality", "repetitions", "n", "hit1", "exposure_interpolation",
                             "auc_min_k_pp", "delta_nll_secret") if c in strata.columns]
         out.append(("Repetition strata", "Secret Sharer's dose-response: each probe per number of times a canary "
-                    "was inserted in the canary LoRA's data (canary-clustered 95% CIs).",
+                    f"was inserted in the canary LoRA's data (canary-clustered {ci} CIs).",
                     with_ci(strata.filter(pl.col("variant").str.contains("/canary-s|/base$")),
                             [c for c in ("hit1", "exposure_interpolation", "auc_min_k_pp") if c in keep]).select(keep)))
     if (matrix := _read(tables, "bsft_matrix")) is not None:
         out.append(("Paper B: cell x probe matrix", "Each probe's Delta against the merged base (canary-clustered "
-                    "95% CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "
+                    f"{ci} CIs), its verdict, and the diagnosis; `inconclusive` when a probe's CI straddles its "
                     "threshold (the point-estimate reading is in point_diagnosis).",
                     with_ci(matrix, ["delta_window", "delta_secret", "delta_hit1"], 4).select(
                         "model", "modality", "cell", "delta_window", "v_window", "delta_secret", "v_secret",

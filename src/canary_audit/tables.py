@@ -156,8 +156,8 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
         )
         mia = cfg.get("mia")
         if mia is None:
-            log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia, privacy "
-                     "and forgetting tables are left out; the workflow's view_config.json has them")
+            log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia, privacy, "
+                     "forgetting and strata tables are left out; the workflow's view_config.json has them")
         else:
             scores = item_scores(tokens, mia["min_k"])
             found = settings(scores, boot.replicates, boot.seed)

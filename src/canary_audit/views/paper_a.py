@@ -1,10 +1,11 @@
 """Paper A's views: the reasoning-trace unlearning audit, from decode and token
 records only.
 
-Every rate carries an author-clustered bootstrap 95% CI (views.bootstrap);
-differences (the bypass gap, Delta_AB) are bootstrapped on the same draws as
-their terms.  Table names follow the paper: the K sweep, the prefill arms at
-fixed weights, teacher-forced vs greedy, parser conventions, the
+Every rate carries an author-clustered bootstrap CI (views.bootstrap; level
+`tables.bootstrap.level`, 95% by default); differences (the bypass gap,
+Delta_AB) are bootstrapped on the same draws as their terms.  Table names
+follow the paper: the K sweep, the prefill arms at fixed weights,
+teacher-forced vs greedy, parser conventions, the
 training-time template comparison, bypass-case anatomy, cross-seed
 replication, and QA / retain utility with fictional-author substitutions.
 """
