@@ -84,8 +84,11 @@ class VisionInputs:
         on the tower itself: every adapter of this workflow trains the
         language tower only, so the variants a probe job scores one after
         another on one base see the same image features, and a job of 20
-        variants runs the tower once instead of 20 times.  A tower that
-        carries adapter layers itself is run every time."""
+        variants runs the tower once instead of 20 times.  What is kept
+        grows with the job's rows, one entry per batch of images (the
+        workflow's cards are 56x56: 16 patches each), and goes with the
+        job's model.  A tower that carries adapter layers itself is run
+        every time."""
         import torch
 
         present = [im for im in images if im is not None]
