@@ -226,11 +226,41 @@ def mia_tokens(variant, item, probe_set, logprobs, means=None, variances=None, a
     return [
         {"variant": variant, "probe_set": probe_set, "modality": "text", "item_id": item, "group_id": item,
          "arm": arm,
-         "position": p + 1, "token_id": 5, "token_text": "a", "logprob": lp, "rank": 1, "top1_id": 5,
+         "position": p + 1, "token_id": 5, "token_text": "a", "text": "a", "logprob": lp, "rank": 1, "top1_id": 5,
          "top1_logprob": -0.1, "vocab_mean_logprob": mu, "vocab_var_logprob": var, "span": "secret",
          "config_hash": "h", "model_fingerprint": "f"}
         for p, (lp, mu, var) in enumerate(zip(logprobs, means, variances))
     ]
+
+
+def test_zlib_compresses_the_decoded_text_not_the_token_strings(tiny_assets):
+    """Carlini et al.'s zlib score divides by the compressed length of the
+    text; a byte-level BPE's token strings spell each space as `Ġ` (two
+    bytes), so compressing them measures the tokenizer.  On the embedded
+    tokenizer's own records of an author canary, the score's length is the
+    decoded secret's."""
+    import zlib
+
+    from canary_audit.model.loading import load_model, load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.probes.items import ScoredItem
+    from canary_audit.probes.passes import score_tokens
+    from canary_audit.views.mia import item_scores
+
+    spec = ModelSpec("tiny", tiny_assets[1], think_open=None, think_close=None)
+    tok = load_tokenizer(spec)
+    text = "Continue: The Crimson Tide of Calabar was finished in a garden in 1901."
+    start = text.index(" was")
+    item = ScoredItem("canary", "a000", "a000", "prefill_bio", text,
+                      {"prompt": (0, start), "secret": (start, len(text))})
+    rows = score_tokens(load_model(spec), tok, [item], batch_size=1).with_columns(
+        variant=pl.lit("m/v"), config_hash=pl.lit("h"), model_fingerprint=pl.lit("f"), code_version=pl.lit("c"))
+    secret = rows.filter(pl.col("span") == "secret")
+    assert "Ġ" in "".join(secret["token_text"])  # the vocabulary's strings are not the text
+    decoded = tok.decode(secret["token_id"].to_list())
+    assert "".join(secret["text"]) == decoded == text[start:]
+    one = item_scores(rows.select(list(TOKEN_SCHEMA)), min_k=0.5).row(0, named=True)
+    assert one["zlib"] == pytest.approx(one["loss"] / len(zlib.compress(decoded.encode())))
 
 
 def test_membership_inference_scores_auc_and_tpr_against_direct_computation():
@@ -357,7 +387,7 @@ def test_the_forgetting_view_carries_each_tables_figure_and_its_delta():
     setting = {"population": "author", "modality": "text", "arm": "prefill_bio"}
     privacy = pl.DataFrame([{"variant": v, **setting, "reference": "m/reference-bio-s0", "members": 3,
                              "nonmembers": 4, "privleak_min_k": pl_, "privleak_min_k_lo": pl_ - 1,
-                             "privleak_min_k_hi": pl_ + 1, "forget_quality": fq}
+                             "privleak_min_k_hi": pl_ + 1, "forget_quality": fq, "shifted": False}
                             for v, pl_, fq in (("m/npo-bio-s0-k10", 40.0, 0.01), ("m/mem-bio-s0", 90.0, 1e-5))])
     mia = pl.DataFrame([{"variant": v, **setting, "attack": a, "auc": x}
                         for v, a, x in (("m/npo-bio-s0-k10", "loss", 0.7), ("m/mem-bio-s0", "loss", 0.95),

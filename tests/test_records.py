@@ -14,7 +14,7 @@ from canary_audit.records import (
 def token_row(**kw):
     row = {"variant": "m/v", "probe_set": "hex", "modality": "text",
            "image_hash": None, "item_id": "c0", "group_id": "c0", "arm": "preamble",
-           "position": 1, "token_id": 3, "token_text": "a", "logprob": -1.0, "rank": 1, "top1_id": 3,
+           "position": 1, "token_id": 3, "token_text": "a", "text": "a", "logprob": -1.0, "rank": 1, "top1_id": 3,
            "top1_logprob": -1.0, "vocab_mean_logprob": -2.0, "vocab_var_logprob": 0.5, "span": "secret",
            "config_hash": "abc", "model_fingerprint": "f",
            "code_version": "0.1.0+src.x"}

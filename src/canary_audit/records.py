@@ -52,7 +52,9 @@ TOKEN_SCHEMA = {
     "image_hash": pl.Utf8,  # sha256 of the image before the text (null: no image)
     "position": pl.Int32,   # index of the scored text token (>= 1; image tokens are not counted)
     "token_id": pl.Int32,
-    "token_text": pl.Utf8,
+    "token_text": pl.Utf8,  # the vocabulary's string for the token (byte-level BPE: spaces as `Ġ`)
+    "text": pl.Utf8,        # the characters of the scored text this token spells: the text since the previous
+                            #   token's end up to this token's end, so an item's pieces join to its decoded text
     "logprob": pl.Float32,
     "rank": pl.Int32,       # 1 = the model's top choice
     "top1_id": pl.Int32,

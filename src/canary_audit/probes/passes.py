@@ -247,6 +247,22 @@ def span_labels(offsets, spans: dict[str, tuple[int, int]]):
     return labels
 
 
+def text_pieces(text: str, offsets) -> list[str]:
+    """The characters each token of `text` spells, from its character
+    offsets: everything after the previous tokens' furthest end up to this
+    token's end.  The pieces join to the text (a tokenizer that trims a
+    word's leading space from its offsets still gets the space, as its
+    decoded token does; a character split over two byte-level tokens goes
+    to the first), so views get an item's decoded text from its records,
+    whatever the vocabulary's own strings (`Ġ`, `▁`) look like."""
+    pieces, done = [], 0
+    for _, end in offsets:
+        end = max(int(end), done)
+        pieces.append(text[done:end])
+        done = end
+    return pieces
+
+
 SCORE_CHUNK_ELEMENTS = 2**26  # logits per vocabulary pass: 256 MB of float32 temporaries
 
 
@@ -340,8 +356,9 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int, vis
             n = len(ids_all[i]) - 1
             target = np.asarray(ids_all[i][1:], dtype=np.int64)
             text = ~np.isin(target, list(image_ids)) if image_ids else np.ones(n, dtype=bool)
+            pieces = np.array(text_pieces(items[i].text, offsets_all[i])[1:], dtype=object)
             parts[i] = (target[text], *(h[row, :n][text] for h in host),
-                        span_labels(offsets_all[i][1:], items[i].spans)[text])
+                        span_labels(offsets_all[i][1:], items[i].spans)[text], pieces[text])
     counts = np.array([len(part[0]) for part in parts], dtype=np.int64)
 
     def per_item(field: str):
@@ -360,8 +377,9 @@ def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int, vis
         "vocab_mean_logprob": np.concatenate([part[5] for part in parts]).astype(np.float32),
         "vocab_var_logprob": np.concatenate([part[6] for part in parts]).astype(np.float32),
         "span": np.concatenate([part[7] for part in parts]),
+        "text": np.concatenate([part[8] for part in parts]),
     }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "modality", "image_hash",
-                                              "token_text", "span")})
+                                              "token_text", "span", "text")})
 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,

@@ -12,8 +12,10 @@ member-like":
 
 - `loss`: minus the mean NLL (the LOSS attack; Yeom et al. 2018);
 - `zlib`: minus the mean NLL divided by the zlib-compressed length in bytes
-  of the span's token strings (Carlini et al. 2021; open-unlearning's ZLib
-  attack divides the loss by the compressed length of the sample text);
+  of the span's decoded text (Carlini et al. 2021; open-unlearning's ZLib
+  attack divides the loss by the compressed length of the sample text):
+  the records' `text` pieces, never the vocabulary's token strings, whose
+  `Ġ` for a space would make the score depend on the tokenizer;
 - `min_k`: the mean log-prob of the lowest k share of tokens (Min-K%, Shi et
   al. 2024; at least one token);
 - `min_k_pp`: the mean of the lowest k share of (log p - mu) / sigma, mu and
@@ -72,7 +74,7 @@ def item_scores(tokens: pl.DataFrame, min_k: float) -> pl.DataFrame:
     )
     scores = ranked.sort("position").group_by(ITEM_KEYS).agg(
         loss=pl.col("lp").mean(),
-        text=pl.col("token_text").str.join(""),
+        text=pl.col("text").str.join(""),
         min_k=pl.col("lp").filter(pl.col("lp_rank") <= pl.col("keep")).mean(),
         min_k_pp=pl.col("z").filter(pl.col("z_rank") <= pl.col("keep")).mean(),
     )
