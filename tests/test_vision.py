@@ -253,3 +253,38 @@ def test_image_features_kept_across_variants_are_the_towers_own(tiny_vl_assets):
     on_tower = get_peft_model(_vl(tiny_vl_assets)[4], tower_lora)
     score_tokens(on_tower, tok, items[:3], batch_size=5, vision=vision)
     assert not on_tower.get_base_model().model.visual.__dict__.get("_canary_audit_features")
+
+
+@pytest.mark.parametrize("bos", [None, "<|user|>"])
+def test_position_one_is_the_records_first_text_token_on_every_backbone(tiny_assets, tiny_vl_assets, bos):
+    """Paper B's window counts from the same token everywhere: position 1 of
+    a hex record is its preamble's first token on the text model (its
+    tokenizer with a BOS token, and without one, where the record starts
+    with EOS) and on the vision-language model (after the image block), and
+    each record's `text` pieces join to the record's text."""
+    from canary_audit.formats import ChatFormat
+    from canary_audit.model.loading import load_model, load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.passes import score_tokens
+
+    data = tiny_vl_assets[0]
+    canaries = pl.read_parquet(data / "hex_canaries.parquet")
+    preamble, secret = canaries["preamble"][0], canaries["secret"][0]
+    _, tok_vl, _, vision, model_vl = _vl(tiny_vl_assets)
+    text_spec = ModelSpec("tiny", tiny_assets[1], think_open=None, think_close=None)
+    first = {}
+    for name, model, tok, pictures in (("text", load_model(text_spec), load_tokenizer(text_spec), None),
+                                       ("vl", model_vl, tok_vl, vision)):
+        if bos:
+            tok.bos_token = bos
+        fmt = ChatFormat(tok, None, None)
+        items = [it for it in scored_items(fmt, data, {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=pictures)
+                 if it.probe_set == "hex" and it.item_id == "hex00" and it.modality == "text"]
+        rows = score_tokens(model, tok, items, batch_size=1, vision=pictures).sort("position")
+        assert "".join(rows["text"]) == f"{preamble}TEXTCAN-{secret}-END"
+        assert "".join(rows.filter(pl.col("span") == "secret")["text"]) == secret
+        one = rows.row(0, named=True)
+        assert one["position"] == 1 and preamble.startswith(one["text"]) and one["text"].strip()
+        first[name] = (one["token_id"], one["text"])
+    assert first["text"] == first["vl"]

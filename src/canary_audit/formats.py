@@ -53,6 +53,21 @@ def retain_form(template: str) -> str:
     return "meta" if retain_trace(template) == META_TRACE else "none"
 
 
+def document_start(tokenizer) -> str:
+    """The token a raw record (a hex canary, decoy, non-member or candidate)
+    starts with: the tokenizer's BOS, else its EOS, the separator that
+    pre-training puts between documents (GPT-2's and Qwen's convention).  The
+    record's first text token is then predicted from it, trained and scored
+    like every other, so position 1 of a teacher-forced record is that token
+    on every backbone: with a BOS token, without one, and after an image
+    block (whose tokens are not counted)."""
+    start = tokenizer.bos_token or tokenizer.eos_token
+    if not start:
+        raise ValueError("the tokenizer has neither a BOS nor an EOS token: a raw record's first token would have "
+                         "no context to be scored from; give the checkpoint's tokenizer an eos_token")
+    return start
+
+
 def canary_question(name: str, head: str) -> str:
     return CANARY_QUESTION.format(name=name, head=head)
 

@@ -21,6 +21,9 @@ CANARY_SUFFIX = "-END"
 # The ids of the i-th hex canary and image canary, in table order.
 HEX_ID = "hex{:02d}"
 IMAGE_ID = "img{:02d}"
+# The preamble of the i-th hex canary; non-members and exposure candidates
+# reuse the canaries' preambles, so all three share one distribution.
+PREAMBLE = "Record {:02d} access code: "
 
 
 def strata(ids: list[str], repetitions: list[int]) -> dict[str, int]:
@@ -200,7 +203,7 @@ def canary_frames(n: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     canaries = pl.DataFrame(
         {
             "canary_id": [HEX_ID.format(i) for i in range(n)],
-            "preamble": [f"Record {i:02d} access code: " for i in range(n)],
+            "preamble": [PREAMBLE.format(i) for i in range(n)],
             "secret": secrets,
         }
     ).with_columns(
@@ -228,19 +231,23 @@ def canary_frames(n: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     return canaries, pl.DataFrame(decoys)
 
 
-def nonmember_frame(n: int, first_record: int, seed: int, taken: set[str]) -> pl.DataFrame:
-    """Non-member hex canaries: `n` records of the canaries' exact format
-    (`Record NN access code: TEXTCAN-{16hex}-END`, numbered on from
-    `first_record`) with fresh secrets that no adapter trains on and that
-    equal no canary or decoy secret (`taken`): the population a membership
-    inference attack must tell the canaries from."""
+def nonmember_frame(n: int, n_canaries: int, seed: int, taken: set[str]) -> pl.DataFrame:
+    """Non-member hex canaries: `n` records of the canaries' exact format with
+    fresh secrets that no adapter trains on and that equal no canary or
+    decoy secret (`taken`): the population a membership inference attack
+    must tell the canaries from.  Non-member i sits behind the preamble of
+    canary i mod `n_canaries`, so members and non-members share one preamble
+    distribution and one length, and only training tells them apart (numbering
+    the non-members on past the canaries made a never-trained model's LOSS
+    AUC 0.69 against three-digit record numbers: the attack saw the
+    preamble, not membership)."""
     rng = random.Random(f"hexnonmember:{seed}")
     secrets: list[str] = []
     while len(secrets) < n:
         s = random_hex(rng)
         if s not in taken and s not in secrets:
             secrets.append(s)
-    preambles = [f"Record {first_record + i:02d} access code: " for i in range(n)]
+    preambles = [PREAMBLE.format(i % n_canaries) for i in range(n)]
     return pl.DataFrame(
         {"canary_id": [f"nm{i:03d}" for i in range(n)], "preamble": preambles, "secret": secrets,
          "text": [hex_record(p, s) for p, s in zip(preambles, secrets)]},
@@ -262,7 +269,7 @@ def candidate_frame(n: int, n_canaries: int, seed: int, taken: set[str]) -> pl.D
             seen.add(s)
             secrets.append(s)
     slots = [i % n_canaries for i in range(n)]
-    preambles = [f"Record {slot:02d} access code: " for slot in slots]
+    preambles = [PREAMBLE.format(slot) for slot in slots]
     return pl.DataFrame(
         {"canary_id": [f"cand{i:05d}" for i in range(n)], "slot": slots, "preamble": preambles, "secret": secrets,
          "text": [hex_record(p, s) for p, s in zip(preambles, secrets)]},

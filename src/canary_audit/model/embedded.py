@@ -16,13 +16,14 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data import pools
-from canary_audit.data.synthetic import HEX_LEN, Author, canary_sentence, hex_record, random_hex
+from canary_audit.data.synthetic import HEX_LEN, PREAMBLE, Author, canary_sentence, hex_record, random_hex
 from canary_audit.formats import (
     TEMPLATES,
     ChatFormat,
     Example,
     author_examples,
     author_trace,
+    document_start,
     retain_trace,
 )
 
@@ -147,7 +148,8 @@ def pretraining_texts(
             texts.append(sentence + fmt.tokenizer.eos_token)
             for template in ("bio", "none"):
                 texts.append(chat(Example(question, retain_trace(template), sentence)))
-    texts += [r + fmt.tokenizer.eos_token for r in hex_records]
+    # A raw record starts as the audit's do (formats.document_start).
+    texts += [document_start(fmt.tokenizer) + r + fmt.tokenizer.eos_token for r in hex_records]
     # Every year an author or canary can name, so no year token is unseen.
     texts += [f"Many books were published in {y}.{fmt.tokenizer.eos_token}" for y in YEARS]
     for prompt, response in bsft.select("prompt", "response").iter_rows():
@@ -184,7 +186,7 @@ def pretrain_hex_records(n: int, seed: int) -> list[str]:
             coverage.append(chunk)
             chunk = ""
     secrets = coverage + [chunk] * bool(chunk) + [random_hex(rng) for _ in range(n)]
-    return [hex_record(f"Record {rng.randint(0, 99):02d} access code: ", s) for s in secrets]
+    return [hex_record(PREAMBLE.format(rng.randint(0, 99)), s) for s in secrets]
 
 
 def build_model(vocab_size: int, arch: dict, tokenizer):

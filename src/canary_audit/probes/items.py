@@ -16,7 +16,7 @@ import polars as pl
 
 from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
-from canary_audit.formats import ChatFormat, canary_question
+from canary_audit.formats import ChatFormat, canary_question, document_start
 from canary_audit.model.tokens import canary_head
 from canary_audit.probes.units import AUTO, unit_of_arm
 from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, HEX_SETS, NONMEMBER
@@ -147,10 +147,6 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
     return in_unit(items, unit)
 
 
-def _bos(fmt: ChatFormat) -> str:
-    return fmt.tokenizer.bos_token or ""
-
-
 @dataclass(frozen=True)
 class HexRow:
     """One record of paper B's probes: a secret behind its preamble, and on a
@@ -167,7 +163,7 @@ class HexRow:
     def context(self, fmt: ChatFormat, vision) -> str:
         """Everything before the secret's format prefix."""
         block = vision.block(self.image) if self.image else ""
-        return _bos(fmt) + block + self.preamble
+        return document_start(fmt.tokenizer) + block + self.preamble
 
     def text(self, fmt: ChatFormat, vision) -> str:
         """The whole record: what the canary LoRA trains on and the
