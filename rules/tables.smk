@@ -34,6 +34,7 @@ rule tables:
                 "references": DESIGN.references(),
                 "strata": DESIGN.strata(),
                 "cells": DESIGN.cells(),
+                "merge_precision": DESIGN.merge_precisions(),
                 "variants": DESIGN.variant_table(),
                 "expected_hashes": DESIGN.probe_hashes(),
             }

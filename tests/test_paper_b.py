@@ -170,10 +170,13 @@ def test_case_studies_and_merged_vs_stacked_tables():
     assert cases["diagnosis"].to_list() == ["window truncation", "non-secret span drift", "undertrained ambiguity"]
     assert cases["observation"].to_list()[0] == "not observed in this grid"
     assert cases["cell"].to_list()[1] == "m text canaries: gui t40 stacked (canary seed 0)"
-    wide = merged_vs_stacked(pooled).row(0, named=True)
+    wide = merged_vs_stacked(pooled, {"m": "bfloat16"}).row(0, named=True)
     assert wide["delta_window_stacked"] == pytest.approx(0.125)
     assert wide["delta_window_merged_minus_stacked"] == pytest.approx(-0.125)
     assert (wide["diagnosis_stacked"], wide["diagnosis_merged"]) == ("non-secret span drift", "agree")
+    assert (wide["merge_precision"], wide["note"]) == ("bfloat16", "")
+    # A float32 merge rounds nothing away: the row says it cannot show C4.
+    assert "no C4 evidence" in merged_vs_stacked(pooled, {"m": "float32"})["note"][0]
 
 
 def test_build_tables_writes_the_paper_b_tables():

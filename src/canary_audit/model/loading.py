@@ -141,16 +141,19 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     Every adapter but the last is merged into the weights (stacking on a merged
     base); the last stays a live PEFT adapter, trainable if asked, unless
     `merge_all` merges it too (paper B's "merged" application, where the
-    adapter's update is rounded into the weights' dtype).
+    adapter's update is rounded into the weights' dtype).  A model whose
+    weights took a merge is rounded into `spec.merge_precision` (the
+    checkpoint's storage precision; a no-op where it is the compute dtype),
+    so a float32 run measures what a bf16 merge keeps of an update.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     check_checkpoint(spec)
-    if spec.dtype not in DTYPES:
-        raise ModelLoadError(
-            f"model `{spec.name}`: dtype `{spec.dtype}` is not one of {', '.join(DTYPES)}"
-        )
+    for key, value in (("dtype", spec.dtype), ("merge_dtype", spec.merge_precision)):
+        if value not in DTYPES:
+            raise ModelLoadError(f"model `{spec.name}`: {key} `{value}` is not one of {', '.join(DTYPES)}; "
+                                 f"set `models.{spec.name}.{key}` to one of them")
     auto = AutoModelForImageTextToText if spec.vision else AutoModelForCausalLM
     model = auto.from_pretrained(
         spec.path,
@@ -162,13 +165,30 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     # One CUDA device when there is one (a 7B model in bf16 fits an 80 GB
     # card); the CPU otherwise.  Multi-device sharding is not handled yet.
     model.to("cuda" if torch.cuda.is_available() else "cpu")
+    merged = False
     for i, adapter in enumerate(adapters):
         model = apply_adapter(model, Path(adapter), trainable=trainable_last and i == len(adapters) - 1)
         if i < len(adapters) - 1 or merge_all:
-            model = model.merge_and_unload()
+            model, merged = model.merge_and_unload(), True
+    if merged:
+        round_weights(model, spec.merge_precision)
     if not trainable_last:
         model.eval()
     return model
+
+
+def round_weights(model, dtype: str) -> None:
+    """Round every floating parameter of `model` into `dtype` and back, in
+    place: the weights a checkpoint stored in `dtype` holds (idempotent: a
+    weight already representable stays as it is).  Buffers are left alone:
+    the rotary frequencies are computed at load, never stored."""
+    import torch
+
+    target = getattr(torch, dtype)
+    with torch.no_grad():
+        for tensor in model.parameters():
+            if tensor.is_floating_point() and tensor.dtype != target:
+                tensor.copy_(tensor.to(target).to(tensor.dtype))
 
 
 def _check_adapter(adapter: Path) -> None:
@@ -236,7 +256,7 @@ def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False
     records say exactly which weights produced them.  File digests come from
     `cache_dir` where it has them (provenance.file_digest): one read of a
     file per content, not one per manifest and pass."""
-    h = hashlib.sha256(b"merged" if merged else b"")
+    h = hashlib.sha256(f"merged:{spec.merge_precision}".encode() if merged else b"")
     files = sorted(spec.path.glob("*.safetensors")) + [
         Path(a) / "adapter_model.safetensors" for a in adapters
     ]

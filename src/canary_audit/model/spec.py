@@ -22,6 +22,14 @@ class ModelSpec:
     chat_template: str | None = None
     trust_remote_code: bool = False
     vision: bool = False  # a vision-language checkpoint (Qwen2.5-VL): images are fed to its vision tower
+    merge_dtype: str | None = None  # the precision a merge rounds the weights into (None: `dtype`)
+
+    @property
+    def merge_precision(self) -> str:
+        """What a merged checkpoint is stored in: a merge adds the LoRA's
+        update to the weights and rounds the sum into this dtype (paper B's
+        testbed stores bf16 weights, where a small update can round away)."""
+        return self.merge_dtype or self.dtype
 
     @classmethod
     def from_config(cls, name: str, entry: dict, path: Path | str) -> ModelSpec:
@@ -34,4 +42,5 @@ class ModelSpec:
             chat_template=entry.get("chat_template"),
             trust_remote_code=bool(entry.get("trust_remote_code", False)),
             vision=bool(entry.get("vision", False)),
+            merge_dtype=entry.get("merge_dtype"),
         )

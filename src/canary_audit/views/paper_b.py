@@ -345,18 +345,27 @@ def matrix(cells: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def merged_vs_stacked(cells: pl.DataFrame) -> pl.DataFrame:
+def merged_vs_stacked(cells: pl.DataFrame, precision: dict[str, str]) -> pl.DataFrame:
     """Per source and training length: each probe under the stacked and the
-    merged application of the same adapters, and merged minus stacked."""
+    merged application of the same adapters, and merged minus stacked, with
+    the precision the model's merges round into (`precision`: model ->
+    dtype).  Paper B's C4 evidence is what a merge rounds away; in float32
+    nothing of a LoRA update rounds away, so there the two applications
+    differ by float noise alone and the `note` says the row cannot show C4."""
     bsft = cells.filter(pl.col("kind") == "bsft") if cells.height else cells
     if bsft.is_empty() or bsft["application"].n_unique() < 2:
         return pl.DataFrame()
     values = ["delta_window", "delta_secret", "hit1", "diagnosis"]
     wide = bsft.pivot(on="application", index=["model", "modality", "canary_seed", "source", "step"],
                       values=values)
+    merge = pl.col("model").replace_strict(precision, default=None)
     return wide.with_columns(
         **{f"{v}_merged_minus_stacked": pl.col(f"{v}_merged") - pl.col(f"{v}_stacked")
-           for v in ("delta_window", "delta_secret", "hit1")}
+           for v in ("delta_window", "delta_secret", "hit1")},
+        merge_precision=merge,
+        note=pl.when(merge == "float32").then(pl.format(
+            "a float32 merge keeps the whole update: merged and stacked differ by float noise, no C4 evidence "
+            "(set models.{}.merge_dtype: bfloat16)", pl.col("model"))).otherwise(pl.lit("")),
     ).sort("model", "modality", "canary_seed", "source", "step")
 
 
