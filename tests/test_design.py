@@ -166,7 +166,7 @@ def test_variant_table_of_the_smoke_audit():
     both = design_of({"audit": {"templates": ["bio", "meta", "none"]}})
     assert sorted(v for v in both.variants("tiny") if v.startswith("reference-")) == [
         "reference-meta-s0", "reference-none-s0", "reference-s0"]
-    assert design.table_names()[-5:] == ["mia", "privacy", "forgetting", "extraction", "provenance"]
+    assert design.table_names()[-6:] == ["mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance"]
     assert "mia" in design_of({"audit": {"hex_canaries": False, "models": ["tiny"]}}).table_names()
     # no exposure candidates, no exposure table (the tables job could not write it)
     assert "exposure" in design.table_names()
@@ -216,12 +216,14 @@ def test_the_default_config_and_the_schema_name_each_default_once():
     Model entries are the exception: the schema's entry defaults serve every
     entry a user adds, so where the embedded entry also names a value the two
     must agree (`embedded` and `vision`, which say what kind of checkpoint an
-    entry is, default to a local text checkpoint)."""
+    entry is, default to a local text checkpoint; `merge_dtype` defaults to
+    the entry's own dtype, while the embedded float32 models merge in
+    bfloat16, the precision of paper B's testbed)."""
     both = [(path, schema, config) for path, schema, config in _defaults_set_in(DEFAULT, SCHEMA, "")
             if not isinstance(config, dict)]
     outside_models = [item for item in both if not item[0].startswith("models.")]
     assert outside_models == []
-    kind_flags = (".embedded", ".vision")
+    kind_flags = (".embedded", ".vision", ".merge_dtype")
     disagree = [item for item in both if item[0].startswith("models.") and not item[0].endswith(kind_flags)
                 and item[1] != item[2]]
     assert disagree == []
@@ -276,8 +278,8 @@ def test_lookups_name_what_is_known_and_files_follow_the_layout():
                                                                     [3, 5], 0.0001)
     assert design.unlearn_slice("npo", "bio", 0, 5)["k"] == 5
     assert design.model_entry("tiny", "elsewhere") == {
-        "name": "tiny", "path": "elsewhere", "dtype": "float32", "think_open": "<think>", "think_close": "</think>",
-        "chat_template": None, "trust_remote_code": False, "vision": False}
+        "name": "tiny", "path": "elsewhere", "dtype": "float32", "merge_dtype": "bfloat16", "think_open": "<think>",
+        "think_close": "</think>", "chat_template": None, "trust_remote_code": False, "vision": False}
 
 
 def test_tables_plots_and_probe_sets_are_each_declared_once():

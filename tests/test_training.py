@@ -352,8 +352,9 @@ def test_rmu_steers_forget_activations_and_holds_retain_ones(tiny_assets, spec, 
 @pytest.mark.parametrize("bos", [None, "<|user|>"])
 def test_canary_lora_trains_on_exactly_the_sequences_the_pass_scores(tiny_assets, tiny_vl_assets, spec, bos):
     """Hex records, text and image canaries alike, are encoded for training
-    from the very text the teacher-forced pass scores, BOS included once
-    (a tokenizer with a BOS token would otherwise get it twice)."""
+    from the very text the teacher-forced pass scores, its document start
+    (BOS, or EOS for a tokenizer without one) included once (a tokenizer
+    with a BOS token would otherwise get it twice)."""
     from canary_audit.model.vision import VisionInputs
     from canary_audit.probes.items import hex_rows, scored_items
     from canary_audit.train.lora import encode_text
@@ -374,8 +375,8 @@ def test_canary_lora_trains_on_exactly_the_sequences_the_pass_scores(tiny_assets
             trained = encode_text(tok, row.text(fmt, vision), row.image).ids
             want = tok(scored[row.modality, row.item_id] + tok.eos_token, add_special_tokens=False)["input_ids"]
             assert trained == want
-            if bos:
-                assert trained.count(tok.bos_token_id) == 1 and trained[0] == tok.bos_token_id
+            start = tok.bos_token_id if bos else tok.eos_token_id
+            assert trained[0] == start and trained[1:].count(tok.bos_token_id if bos else -1) == 0
 
 
 def test_the_canary_lora_inserts_each_canary_as_often_as_its_stratum_says(tiny_vl_assets):
@@ -395,3 +396,36 @@ def test_the_canary_lora_inserts_each_canary_as_often_as_its_stratum_says(tiny_v
     design = design_of({"data": {"n_hex_canaries": 3, "n_image_canaries": 3}, "audit": {"hex_repetitions": [1, 4, 16]}})
     assert {cid: n for (_, cid), n in inserted.items()} == design.strata()
     assert set(inserted_times(rows, [1]).values()) == {1}  # one stratum: the data as they are
+
+
+def test_a_merge_rounds_into_the_merge_precision_and_a_stack_does_not(tiny_assets, tmp_path):
+    """Paper B's merged application on a bf16 checkpoint: the merged model's
+    weights are bf16-representable (so a small update can round away), the
+    stacked one's live LoRA keeps every bit; rounding is idempotent, and the
+    fingerprint names the precision."""
+    import dataclasses
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from canary_audit.model.loading import fingerprint, load_model, round_weights
+
+    base = load_model(ModelSpec("tiny", tiny_assets[1]))
+    torch.manual_seed(0)
+    lora = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    spec = ModelSpec("tiny", tiny_assets[1], merge_dtype="bfloat16")
+    merged = load_model(spec, [tmp_path / "adapter"], merge_all=True)
+    exact = load_model(dataclasses.replace(spec, merge_dtype=None), [tmp_path / "adapter"], merge_all=True)
+    changed = 0
+    for (name, w), (_, w32) in zip(merged.named_parameters(), exact.named_parameters()):
+        assert torch.equal(w, w.to(torch.bfloat16).float()), name
+        changed += not torch.equal(w, w32)
+    assert changed > 0
+    before = [p.clone() for p in merged.parameters()]
+    round_weights(merged, "bfloat16")
+    assert all(torch.equal(a, b) for a, b in zip(before, merged.parameters()))
+    stacked = load_model(spec, [tmp_path / "adapter"])
+    assert any(not torch.equal(p, p.to(torch.bfloat16).float()) for n, p in stacked.named_parameters() if "lora" in n)
+    assert fingerprint(spec, [tmp_path / "adapter"], merged=True) != fingerprint(
+        dataclasses.replace(spec, merge_dtype=None), [tmp_path / "adapter"], merged=True)

@@ -37,7 +37,7 @@ SMOKE_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
     "bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies", "bsft_merged_vs_stacked",
-    "mia", "exposure", "extraction", "provenance",
+    "mia", "blind_baseline", "exposure", "extraction", "provenance",
 )
 
 

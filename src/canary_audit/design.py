@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.formats import retain_form
+from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.units import AUTO
 from canary_audit.records import PROBE_SETS, canonical_json
@@ -33,14 +34,14 @@ HEX_TABLES = ("hex_recall", "nll", "exposure", "strata")
 BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
 MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # The field's measures over any audit's token records (membership
-# inference, PrivLeak and forget quality, what moved, exact memorization and
+# inference and its blind-baseline guard, PrivLeak and forget quality, what moved, exact memorization and
 # extraction strength), and which records files and code versions the
 # tables read: always written.
-ALWAYS_TABLES = ("mia", "privacy", "forgetting", "extraction", "provenance")
+ALWAYS_TABLES = ("mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance")
 ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
-MODEL_KEYS = ("dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
+MODEL_KEYS = ("dtype", "merge_dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
 # Probe sets a probe group runs: the hex canaries (and decoys), the author and
 # retain probes, or both.
 HEX, AUTHOR_SETS, ALL_SETS = "hex", " ".join(PROBE_SETS["author"]), "all"
@@ -458,6 +459,11 @@ class Design:
 
     def parents(self) -> dict[str, str]:
         return {name: row["parent"] for name, row in self.variant_table().items() if row["parent"]}
+
+    def merge_precisions(self) -> dict[str, str]:
+        """model -> the precision its merges round into (ModelSpec.merge_precision)."""
+        return {m: ModelSpec.from_config(m, self.config["models"][m], "").merge_precision
+                for m in self.config["audit"]["models"]}
 
     def cells(self) -> dict[str, dict]:
         """model/variant -> its paper B cell (name, kind, source, step, application, seeds)."""

@@ -21,6 +21,7 @@ from canary_audit.records import (
     read_records,
 )
 from canary_audit.views import paper_a, paper_b
+from canary_audit.views.blind import FOLDS, guard_table, mark, withhold_privleak
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
@@ -161,18 +162,28 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
         else:
             scores = item_scores(tokens, mia["min_k"])
             found = settings(scores, boot.replicates, boot.seed)
+            guard = guard_table(tokens, found, cfg.get("references", {}), boot.replicates, boot.seed, boot.level)
+            tables["blind_baseline"] = (
+                f"Blind-baseline guard per membership population: each never-trained reference's AUC per attack "
+                f"(two-sided) and a model-free character n-gram logistic regression over the items' text, "
+                f"{FOLDS}-fold out-of-fold (one-sided), each tested against AUC 0.5 (Mann-Whitney), Bonferroni-"
+                f"adjusted over the run's checks; a population with a failed check is `shifted` ({boot.level:.0%} "
+                f"bootstrap CIs shown for reading, B={boot.replicates})",
+                guard,
+            )
             tables["mia"] = (
                 f"Membership inference over the secret span, members vs non-members of the same distribution (hex "
                 f"canaries vs non-member records; author canaries vs non-member authors, per prefill arm): AUC "
                 f"and TPR at low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {mia['min_k']}); {boot.level:.0%} "
                 f"CIs: members and non-members resampled, B={boot.replicates}",
-                mia_table(found, mia["fpr"], boot.level),
+                mark(mia_table(found, mia["fpr"], boot.level), guard),
             )
             tables["privacy"] = (
                 f"PrivLeak (MUSE: relative MIA AUC difference against the never-trained reference, %, per attack; "
                 f"paired {boot.level:.0%} bootstrap CIs, B={boot.replicates}) and KS forget quality (p-value of the "
-                f"member canaries' secret-span NLL against the reference's)",
-                privacy_table(found, cfg.get("references", {}), boot.level),
+                f"member canaries' secret-span NLL against the reference's); no PrivLeak where the blind-baseline "
+                f"guard finds the population `shifted`",
+                withhold_privleak(mark(privacy_table(found, cfg.get("references", {}), boot.level), guard)),
             )
         if tokens.filter(pl.col("probe_set") == CANDIDATE).height:
             tables["exposure"] = (
@@ -237,8 +248,9 @@ def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Boo
                         f"window K={window_k})", paper_b.matrix(pooled)),
         "bsft_decomposition": (f"Span decomposition of the windowed (K={window_k}) and secret-span Deltas",
                                paper_b.decomposition(pooled)),
-        "bsft_merged_vs_stacked": ("The same bSFT adapters stacked on vs merged into the merged base",
-                                   paper_b.merged_vs_stacked(pooled)),
+        "bsft_merged_vs_stacked": ("The same bSFT adapters stacked on vs merged into the merged base, merged in "
+                                   "each model's merge precision (models.<m>.merge_dtype)",
+                                   paper_b.merged_vs_stacked(pooled, cfg.get("merge_precision", {}))),
         "bsft_case_studies": ("Paper B's three case studies, as found in this grid",
                               paper_b.case_studies(pooled, window_k)),
     }

@@ -49,7 +49,7 @@ def forgetting_table(tables: dict[str, pl.DataFrame], parents: dict[str, str]) -
     member_set = pl.col("population").replace_strict({f: pair[0] for f, pair in MIA_POPULATIONS.items()})
     out = privacy.select(
         *ROW, "reference", "members", "nonmembers", "privleak_min_k", "privleak_min_k_lo", "privleak_min_k_hi",
-        "forget_quality", probe_set=member_set,
+        "forget_quality", "shifted", probe_set=member_set,
         parent=pl.col("variant").replace_strict(parents, default=None),
         paper_probe=pl.col("population").replace_strict(PAPER_PROBE),
     )
@@ -66,6 +66,8 @@ def forgetting_table(tables: dict[str, pl.DataFrame], parents: dict[str, str]) -
     if paper:
         out = out.join(pl.concat(paper, how="vertical_relaxed"), on=["variant", "population", "modality"],
                        how="left")
+    else:  # no decode records: the behavioural probe was not run
+        out = out.with_columns(paper_value=pl.lit(None, pl.Float64), delta_paper_value=pl.lit(None, pl.Float64))
     for name, values in (("nll", ["nll_secret", "delta_nll_secret"]),
                          ("extraction", ["exact_memorization", "delta_exact_memorization", "extraction_strength",
                                          "delta_extraction_strength"])):
