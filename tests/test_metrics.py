@@ -153,7 +153,8 @@ def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
     with pytest.raises(FileNotFoundError, match="view_config.json"):
         write_summary(tables, tmp_path / "results.md")
     (tables / "view_config.json").write_text(json.dumps({"bootstrap": {"level": 0.9}}))
-    assert write_summary(tables, tmp_path / "results.md") == {"K sweep": 1}
+    rows = write_summary(tables, tmp_path / "results.md")
+    assert rows["K sweep"] == 1 and rows["The papers' numbers beside this run"] == 10
     page = (tmp_path / "results.md").read_text()
     assert "(author-clustered bootstrap 90% CIs)" in page and "95%" not in page
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.papers import beside_ours
 from canary_audit.tables import to_markdown
 
 
@@ -48,6 +49,10 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     """(title, sentence, frame) of each headline table the run has."""
     out = []
     ci = ci_level(tables)
+    out.append(("The papers' numbers beside this run", "Each headline number of paper A and paper B (typed once, "
+                "with where it stands, in canary_audit/paper_numbers.yaml) beside this run's value from the table "
+                f"named in `source` ({ci} CIs). The verdict compares directions, not effect sizes: the embedded "
+                "model is a toy, the papers' are 7B.", beside_ours(tables)))
     if (sweep := _read(tables, "k_sweep")) is not None:
         out.append(("K sweep", "AUTO arm along each unlearning run; K = 0 is the memorized adapter "
                     f"(author-clustered bootstrap {ci} CIs).",
@@ -66,8 +71,19 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
         keep = [c for c in ("variant", "modality", "n", "hit_at_1", "hit_at_k", "k") if c in recall.columns]
         out.append(("Hex canary recall", "Greedy hit@1 and hit@k over the hex canaries (text canaries, and on a "
                     "vision-language model image canaries).", recall.select(keep)))
+    if (guard := _read(tables, "blind_baseline")) is not None and guard.height:
+        shifted = guard.filter(pl.col("failed"))
+        verdict = ("No population is shifted: every never-trained reference and the text-only baseline are "
+                   "consistent with AUC 0.5" if shifted.is_empty() else
+                   f"{shifted.select('model', 'population', 'modality', 'arm').unique().height} population(s) "
+                   "are SHIFTED: their MIA AUCs measure the populations' difference, and their PrivLeak is "
+                   "withheld")
+        out.append(("Membership populations: the blind-baseline guard", f"{verdict} (Mann-Whitney against 0.5, "
+                    f"Bonferroni over the run's {guard['checks_in_run'][0]} checks).",
+                    with_ci(guard, ["auc"]).select("model", "population", "modality", "arm", "check", "reference",
+                                                   "attack", "auc", "p_adjusted", "failed")))
     if (mia := _read(tables, "mia")) is not None and mia.height:
-        index = ["variant", "population", "modality", "arm", "members", "nonmembers"]
+        index = ["variant", "population", "modality", "arm", "members", "nonmembers", "shifted"]
         wide = with_ci(mia, ["auc"]).pivot(on="attack", index=index, values="auc")
         out.append(("Membership inference (AUC)", "Members against non-members of the same distribution, per "
                     "attack, over the secret span: hex canaries against non-member records of their format, and "

@@ -1,0 +1,83 @@
+"""The papers' numbers beside a run's: every entry of the data file names a
+measure, and each measure reads its table into the right verdict (hand-built
+tables: an effect on the paper's side, one whose CI covers 0, and a run
+without the cases a measure needs)."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from canary_audit.papers import NOT_MEASURABLE, NOT_REPRODUCED, SAME, beside_ours, paper_numbers
+
+HEAD = "m/npo-bio-s0-k20"
+VARIANTS = {HEAD: {"model": "m", "kind": "unlearned", "method": "npo", "template": "bio", "run": "npo", "seed": 0,
+                   "k": 20, "parent": "m/mem-bio-s0"},
+            "m/npo-bio-s0-k10": {"model": "m", "kind": "unlearned", "method": "npo", "template": "bio", "run": "npo",
+                                 "seed": 0, "k": 10, "parent": "m/mem-bio-s0"}}
+
+
+def ci(name, value, lo, hi):
+    return {name: value, f"{name}_lo": lo, f"{name}_hi": hi}
+
+
+def write(tables, gap=(0.2, 0.1, 0.3), missing=0.0, bypass=(4, 3), diagnoses=("agree",)):
+    tables.mkdir(exist_ok=True)
+    (tables / "view_config.json").write_text(json.dumps({"bootstrap": {"level": 0.95}, "variants": VARIANTS}))
+    sweep = [{"model": "m", "template": "bio", "run": "npo", "seed": 0, "k": k, **ci("out_acc", o, o - 0.1, o + 0.1),
+              **ci("thk_leak", t, t - 0.1, t + 0.1), **ci("gap", *g)}
+             for k, o, t, g in ((0, 1.0, 1.0, (0.0, 0.0, 0.0)), (20, 0.5, 0.7, gap))]
+    pl.DataFrame(sweep).write_csv(tables / "k_sweep.csv")
+    pl.DataFrame([{"variant": HEAD, "auto": 0.5, "prefill_bio": 0.3, **ci("delta_ab", 0.2, -0.05, 0.4)}]).write_csv(
+        tables / "prefill_arms.csv")
+    pl.DataFrame([{"variant": HEAD, "convention": f"last-close/missing-as-{m}", **ci("gap", g, g - 0.1, g + 0.1),
+                   "missing_close": missing} for m, g in (("answer", -0.9), ("trace", 0.9))]).write_csv(
+        tables / "parser_conventions.csv")
+    pl.DataFrame([{"variant": HEAD, "bypass_cases": bypass[0], "prefix_only": bypass[1]}]).write_csv(
+        tables / "bypass_anatomy.csv")
+    pl.DataFrame([{"variant": HEAD, "arm": "prefill_bio", **ci("tf_top1_rate", 0.95, 0.9, 1.0)}]).write_csv(
+        tables / "teacher_forced_vs_greedy.csv")
+    pl.DataFrame([{"model": "m", "modality": "text", "cell": f"c{i}", "kind": "bsft", "diagnosis": d,
+                   **ci("delta_window", 0.01, 0.0, 0.02), **ci("delta_secret", 0.0, -0.01, 0.01), "ref_hit1": 1.0,
+                   "hit1": 1.0} for i, d in enumerate(diagnoses)]).write_csv(tables / "bsft_matrix.csv")
+    return tables
+
+
+def verdicts(tables):
+    page = beside_ours(tables)
+    assert page.height == len(paper_numbers())
+    return dict(zip([e["id"] for e in paper_numbers()], zip(page["verdict"], page["why"])))
+
+
+def test_every_entry_names_a_measure_and_the_papers_values_are_typed():
+    for entry in paper_numbers():
+        assert entry["paper"] in ("A", "B") and entry["value"] and entry["where"] and entry["claim"]
+
+
+def test_each_measure_reads_its_table_into_a_verdict(tmp_path):
+    got = verdicts(write(tmp_path / "t"))
+    assert got["a_out_acc"][0] == SAME  # 1.0 -> 0.5 [0.4, 0.6]
+    assert got["a_bypass_gap"][0] == SAME and "above 0" in got["a_bypass_gap"][1]
+    assert got["a_delta_ab"] == (NOT_REPRODUCED, "Delta_AB's CI covers 0")
+    assert got["a_parser_flip"][0] == NOT_MEASURABLE and "0%" in got["a_parser_flip"][1]
+    assert got["a_head_echo"][0] == SAME  # 3 of 4
+    assert got["a_tf_vs_greedy"][0] == SAME  # 0.9 > 0.6
+    assert got["b_c3"][0] == NOT_REPRODUCED and "agree x1" in got["b_c3"][1]
+    assert got["b_c4_merged"][0] == NOT_MEASURABLE  # no merged-vs-stacked table
+    assert got["b_c5"][0] == NOT_REPRODUCED  # no undertrained cell
+
+
+@pytest.mark.parametrize("case", ["opposite", "flip", "no bypass", "c4"])
+def test_verdicts_follow_the_runs_numbers(tmp_path, case):
+    if case == "opposite":
+        assert verdicts(write(tmp_path / "t", gap=(-0.2, -0.3, -0.1)))["a_bypass_gap"] == (
+            NOT_REPRODUCED, "the gap's CI below 0: the opposite direction")
+    elif case == "flip":
+        assert verdicts(write(tmp_path / "t", missing=0.8))["a_parser_flip"][0] == SAME
+    elif case == "no bypass":
+        assert verdicts(write(tmp_path / "t", bypass=(0, 0)))["a_head_echo"][0] == NOT_MEASURABLE
+    else:
+        got = verdicts(write(tmp_path / "t", diagnoses=("agree", "non-secret span drift")))
+        assert got["b_c4"] == (SAME, "1 of 2 cells read `non-secret span drift`")
