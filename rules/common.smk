@@ -3,6 +3,7 @@
 # canonical (sorted-key) JSON: Snakemake's params trigger then re-runs what a
 # change touches and nothing else.
 
+import shlex
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -25,6 +26,7 @@ from canary_audit.design import (
     Design,
 )
 from canary_audit.formats import TEMPLATES
+from canary_audit.imports import ImportRefused, check_fits
 from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
@@ -51,11 +53,20 @@ def fail(message):
 def check_local_models():
     """A local checkpoint's weights, think tags and chat template, before any
     job (the tokenizer load imports transformers: ~3 s, paid only when a
-    local model is audited)."""
+    local model is audited); and every import's weights against its model's
+    base where that exists (an embedded base not yet built: its manifest job
+    checks)."""
     for name in config["audit"]["models"]:
         entry = config["models"][name]
         if not entry.get("embedded"):
             load_tokenizer(ModelSpec.from_config(name, entry, entry["path"]))
+        base = Path(DESIGN.model_path(name))
+        if list(base.glob("*.safetensors")):
+            for imp in DESIGN.imports(name).values():
+                try:
+                    check_fits(imp, base)
+                except ImportRefused as err:
+                    fail(str(err))
 
 
 try:
@@ -144,6 +155,13 @@ def design(method, *args):
 
 def variant_entry(wildcards):
     return design(DESIGN.variant, wildcards.model, wildcards.variant)
+
+
+def import_check(wildcards):
+    """An imported variant's manifest job checks that its weights fit the
+    model's base (the flag and its JSON; empty for the design's variants)."""
+    check = DESIGN.import_check(wildcards.model, wildcards.variant)
+    return f"--import-check {shlex.quote(canonical(check))}" if check else ""
 
 
 def variant_inputs(wildcards):

@@ -23,8 +23,9 @@ rule variant_manifest:
         adapters=lambda w: " ".join(variant_entry(w).adapters),
         apply=lambda w: variant_entry(w).apply,
         fields=lambda w: canonical(variant_entry(w).fields()),
+        check=import_check,
         cache=WEIGHT_CACHE,
     shell:
         "python -m canary_audit variant --model {params.model:q} --variant {wildcards.variant} "
         "--adapters {params.adapters} --apply {params.apply} --params {params.fields:q} "
-        "--weight-cache {params.cache} --out {output} > {log} 2>&1"
+        "{params.check} --weight-cache {params.cache} --out {output} > {log} 2>&1"

@@ -131,6 +131,11 @@ def cmd_variant(args, params):
     from canary_audit.provenance import code_version
 
     spec = _spec(args)
+    if args.import_check:
+        from canary_audit.imports import check_fits, resolve
+
+        check = json.loads(args.import_check)
+        check_fits(resolve(check["model"], check["name"], check["entry"]), Path(check["base"]))
     merged = args.apply == "merged"
     manifest = {
         "model": spec.name, "variant": args.variant, "base_path": str(spec.path),
@@ -259,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", nargs="*", required=True, help="output path(s)")
     p.add_argument("--summary", help="where to write a JSON summary")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--import-check", help="an imported variant's entry and the base it must fit, as JSON (variant)")
     p.add_argument("--weight-cache", help="folder of cached weight-file digests (variant manifests, probe passes)")
     return p
 

@@ -11,9 +11,11 @@ parsing names back; tests call it in-process.  Nothing here imports torch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.formats import retain_form
+from canary_audit.imports import ADAPTER, CHECKPOINT, PARENT_KINDS, Import, ImportRefused, resolve
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import check_prefill_templates
 from canary_audit.probes.units import AUTO
@@ -146,7 +148,10 @@ class Design:
         self._check_audit()
         self.unlearn_runs = self._unlearn_runs()
         self._variants_of: dict[str, dict[str, Variant]] = {}
+        self._imports_of: dict[str, dict[str, Import]] = {}
         self._check_arms()
+        for model in config["audit"]["models"]:
+            self.variants(model)  # builds and checks the model's imports
 
     # --- unlearning runs -------------------------------------------------
 
@@ -275,7 +280,82 @@ class Design:
                 out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", "base", seed=seed)
                 if self.bsft_active():
                     out.update(self._bsft_variants(model, seed))
+        out.update(self._import_variants(model, out))
         return out
+
+    # --- imports ---------------------------------------------------------
+
+    def imports(self, model: str) -> dict[str, Import]:
+        """The model's imports by variant name (models.<model>.imports)."""
+        self.variants(model)
+        return self._imports_of[model]
+
+    def import_check(self, model: str, variant: str) -> dict | None:
+        """What the manifest job of an imported variant checks its weights
+        against (imports.check_fits): its config entry and the model's base
+        folder, which for an embedded model exists only once built."""
+        if variant not in self.imports(model):
+            return None
+        return {"model": model, "name": variant, "entry": self.config["models"][model]["imports"][variant],
+                "base": self.model_path(model)}
+
+    def _import_variants(self, model: str, design: dict[str, Variant]) -> dict[str, Variant]:
+        """Each import as a variant of its own probe group, after its parent
+        (which may be another import): refused, naming the key, when its
+        files cannot be audited, its name is the design's, its parent is
+        unknown or of the wrong kind, or imports form a cycle."""
+        entries = self.config["models"][model].get("imports", {})
+        try:
+            found = {name: resolve(model, name, entry) for name, entry in entries.items()}
+        except ImportRefused as err:
+            raise ConfigError(str(err)) from None
+        self._imports_of[model] = found
+        out: dict[str, Variant] = {}
+        for name, imp in found.items():
+            if name in design:
+                raise ConfigError(f"config key `{imp.key}`: `{name}` names a variant of the design; rename the "
+                                  "import")
+        known = {**design}
+
+        def place(name: str, path: tuple[str, ...]) -> None:
+            imp = found[name]
+            if name in out:
+                return
+            if imp.parent in path:
+                raise ConfigError(f"config key `{imp.key}.parent`: imports form a cycle "
+                                  f"({' -> '.join((*path, imp.parent))}); give one of them a variant of the design "
+                                  "as its parent")
+            if imp.parent in found and imp.parent not in out:
+                place(imp.parent, (*path, imp.parent))
+            if imp.parent not in known:
+                raise ConfigError(f"config key `{imp.key}.parent` is `{imp.parent}`, which is not a variant of model "
+                                  f"`{model}` (known: {', '.join(sorted(known))})")
+            out[name] = known[name] = self._import_variant(imp, known[imp.parent])
+
+        for name in found:
+            place(name, (name,))
+        return out
+
+    def _import_variant(self, imp: Import, parent: Variant) -> Variant:
+        allowed = PARENT_KINDS[imp.role]
+        if allowed and parent.kind not in allowed:
+            raise ConfigError(f"config key `{imp.key}.parent`: `as: {imp.role}` needs a parent of kind "
+                              f"{' or '.join(allowed)}; `{parent.name}` is {parent.kind}")
+        if imp.form == CHECKPOINT:
+            base, adapters = str(imp.path), ()
+        else:
+            below = parent.adapters if imp.on == "parent" else parent.adapters[:-1]
+            base, adapters = parent.base, (*below, str(imp.path))
+        label = imp.label or imp.name
+        cell = None
+        if imp.role == "bsft":
+            cell = {"cell": f"import {label}", "kind": "bsft", "source": label, "step": 0,
+                    "application": imp.application, "bsft_seed": 0, "canary_seed": parent.seed}
+        return Variant(
+            imp.name, imp.role, base, adapters, parent.name, imp.group,
+            imp.application if imp.role == "bsft" and imp.form == ADAPTER else "stacked", cell,
+            template=parent.template, seed=parent.seed, run=label if imp.role == "unlearned" else None,
+            method="import" if imp.role == "unlearned" else None, k=imp.k, settings=f"imported from {imp.path}")
 
     def _bsft_variants(self, model: str, seed: int) -> dict[str, Variant]:
         """Paper B's cells on the canary LoRA of `seed`: each source's bSFT
@@ -341,7 +421,15 @@ class Design:
         """The adapters and workflow-made bases (merged bases) `names` read:
         what their jobs take as input, beside the model's own base."""
         table, base = self.variants(model), self.model_path(model)
-        return sorted({p for n in names for p in (*table[n].adapters, table[n].base) if p != base})
+        folders = {str(imp.path) for imp in self.imports(model).values()}
+        paths = {p for n in names for p in (*table[n].adapters, table[n].base) if p != base}
+        # An import's folder is not a DAG product: its weight files are the
+        # inputs, so an import rewritten in place re-runs its jobs.
+        return sorted(q for p in paths for q in (self._weight_files(p) if p in folders else [p]))
+
+    @staticmethod
+    def _weight_files(folder: str) -> list[str]:
+        return sorted(str(f) for f in Path(folder).glob("*.safetensors"))
 
     def records_files(self, kind: str, fine: bool) -> list[str]:
         """Every records file of `kind` the tables read: one per probe group,
@@ -399,6 +487,9 @@ class Design:
         adapter and unlearning checkpoints, which never saw a hex canary) runs
         the author and retain probes only; the base group, the parent of both
         papers' variants and home of the hex-canary adapters, runs all."""
+        imported = {imp.group: imp for imp in self.imports(model).values()}
+        if group in imported:  # an import runs its parent's probe sets
+            return self.probe_sets_of(model, self.variants(model)[imported[group].parent].group)
         if not self.templates_of(model) or group.startswith("bsft-"):
             return HEX
         return ALL_SETS if group == "base" else AUTHOR_SETS

@@ -83,7 +83,8 @@ def k_sweep(leakage: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
     """The AUTO arm along each unlearning run (its method and effective
     settings beside it), the memorized adapter as K = 0."""
     auto = variant_axes(leakage.filter(pl.col("arm") == AUTO), variants)
-    runs = auto.filter(pl.col("kind") == "unlearned")
+    # (an imported unlearning checkpoint without a step has no place on the sweep)
+    runs = auto.filter((pl.col("kind") == "unlearned") & pl.col("k").is_not_null())
     starts = (
         auto.filter(pl.col("kind") == "memorized").drop("run", "method", "settings")
         .join(runs.select("model", "template", "seed", "run", "method", "settings").unique(),

@@ -1,0 +1,134 @@
+"""Weights made outside the workflow, audited in a copy of the smoke run:
+an unlearning LoRA of a memorization adapter and a full-checkpoint benign
+fine-tune of the merged canary base, each trained here with plain
+transformers + peft (not the project's trainer), imported by config.  Adding
+them plans only their own jobs; they appear in their tables with the right
+parent; their token records equal a plain forward of those weights; removing
+them re-runs the views alone."""
+
+from __future__ import annotations
+
+import shutil
+
+import polars as pl
+import pytest
+import torch
+import yaml
+from conftest import LOGPROB_ATOL, ROOT, run_snakemake
+from test_workflow import planned_jobs
+
+R = "results/smoke"
+
+
+def _train(model, texts, tok, steps: int, sign: float):
+    """A few plain AdamW steps on `texts` (sign -1: gradient ascent)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=5e-3)
+    batch = tok(texts, return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    model.train()
+    for _ in range(steps):
+        loss = sign * model(**batch, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def imported_run(smoke_run, tmp_path_factory):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    workdir = tmp_path_factory.mktemp("imports") / "run"
+    shutil.copytree(smoke_run, workdir, symlinks=True)
+    models = workdir / R / "models" / "tiny"
+    tok = AutoTokenizer.from_pretrained(models / "base")
+    authors = pl.read_parquet(workdir / R / "data" / "authors.parquet")
+    torch.manual_seed(0)
+    # (a) gradient ascent on the memorization LoRA itself, saved as a new adapter
+    unlearned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(models / "base"),
+                                          models / "adapters" / "mem-bio-s0", is_trainable=True)
+    _train(unlearned, authors["bio"].to_list(), tok, steps=3, sign=-1.0)
+    unlearned.save_pretrained(workdir / "external" / "ga", safe_serialization=True)
+    # (b) full fine-tune of the merged canary base on benign text, saved whole
+    tuned = AutoModelForCausalLM.from_pretrained(models / "merged" / "canary-s0")
+    bsft = pl.read_parquet(workdir / R / "data" / "bsft.parquet").filter(pl.col("source") == "gui")
+    _train(tuned, [f"{p} {r}" for p, r in bsft.select("prompt", "response").iter_rows()], tok, steps=3, sign=1.0)
+    tuned.save_pretrained(workdir / "external" / "gui", safe_serialization=True)
+    tok.save_pretrained(workdir / "external" / "gui")
+    override = {"models": {"tiny": {"imports": {
+        "ext_ga": {"path": str(workdir / "external" / "ga"), "parent": "mem-bio-s0", "as": "unlearned",
+                   "on": "base", "k": 3, "label": "ext-ga"},
+        "ext_gui": {"path": str(workdir / "external" / "gui"), "parent": "merged-s0", "as": "bsft",
+                    "label": "ext-gui"},
+    }}}}
+    planned = planned_jobs(workdir, override)
+    run_snakemake(workdir, "--cores", "2", extra_configs=(workdir / "override.yaml",))
+    return workdir, planned
+
+
+def test_adding_imports_plans_only_their_jobs_and_the_views(imported_run):
+    _, planned = imported_run
+    assert planned == {"variant_manifest": 2, "decode_pass": 2, "teacher_forced_pass": 2, "tables": 1,
+                       "plots": 1, "all": 1}
+
+
+def test_imports_appear_in_their_tables_with_their_parents(imported_run):
+    workdir, _ = imported_run
+    tables = workdir / R / "tables"
+    sweep = pl.read_csv(tables / "k_sweep.csv").filter(pl.col("run") == "ext-ga")
+    assert sweep.select("template", "k", "variant").rows() == [("bio", 0, "tiny/mem-bio-s0"),
+                                                                ("bio", 3, "tiny/ext_ga")]
+    forgetting = pl.read_csv(tables / "forgetting.csv").filter(pl.col("variant") == "tiny/ext_ga")
+    assert set(forgetting["parent"]) == {"tiny/mem-bio-s0"} and forgetting.height == 3  # one row per prefill arm
+    assert set(forgetting["reference"]) == {"tiny/reference-meta-s0"}
+    privacy = pl.read_csv(tables / "privacy.csv").filter(pl.col("variant") == "tiny/ext_ga")
+    assert privacy.height == 3 and privacy["auc_min_k_pp"].null_count() == 0
+    arms = pl.read_csv(tables / "prefill_arms.csv")
+    assert "tiny/ext_ga" in arms["variant"].to_list()
+    matrix = pl.read_csv(tables / "bsft_matrix.csv").filter(pl.col("cell") == "import ext-gui")
+    assert matrix.height == 1 and matrix["model"][0] == "tiny" and matrix["diagnosis"][0]
+    runs = pl.read_csv(tables / "bsft_runs.csv").filter(pl.col("cell") == "import ext-gui")
+    assert runs["application"].to_list() == ["merged"]
+    manifest = yaml.safe_load((workdir / R / "variants" / "tiny" / "ext_gui.json").read_text())
+    assert manifest["base_path"].endswith("external/gui") and manifest["fields"]["parent"] == "merged-s0"
+
+
+def test_imported_records_equal_a_plain_forward_of_those_weights(imported_run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from canary_audit.formats import ChatFormat
+    from canary_audit.probes.items import scored_items
+
+    workdir, _ = imported_run
+    models = workdir / R / "models" / "tiny"
+    tok = AutoTokenizer.from_pretrained(models / "base")
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    prefills = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())["probes"]["prefills"]
+    weights = {
+        "ext_ga": (PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(models / "base"),
+                                             workdir / "external" / "ga"), {"canary"}),
+        "ext_gui": (AutoModelForCausalLM.from_pretrained(workdir / "external" / "gui"), {"hex"}),
+    }
+    for name, (model, sets) in weights.items():
+        records = pl.read_parquet(workdir / R / "records" / "tiny" / f"import-{name}" / "token.parquet")
+        items = [it for it in scored_items(fmt, workdir / R / "data", {"prefills": prefills, "head_tokens": 6}, sets)
+                 if it.probe_set in sets][:4]
+        assert items
+        for item in items:
+            ids = tok(item.text, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logp = torch.log_softmax(model.eval()(torch.tensor([ids])).logits[0].float(), -1)
+            mine = records.filter((pl.col("item_id") == item.item_id) & (pl.col("arm") == item.arm)
+                                  & (pl.col("probe_set") == item.probe_set)).sort("position")
+            want = [logp[p - 1, ids[p]].item() for p in mine["position"]]
+            assert mine["token_id"].to_list() == [ids[p] for p in mine["position"]]
+            assert max(abs(a - b) for a, b in zip(mine["logprob"], want)) < LOGPROB_ATOL
+
+
+def test_removing_the_imports_reruns_the_views_alone(imported_run):
+    workdir, _ = imported_run
+    assert planned_jobs(workdir) == {"tables": 1, "plots": 1, "all": 1}
+    assert (workdir / R / "records" / "tiny" / "import-ext_ga" / "token.parquet").is_file()  # nothing is deleted
