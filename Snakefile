@@ -19,6 +19,7 @@ include: "rules/train.smk"
 include: "rules/variants.smk"
 include: "rules/probes.smk"
 include: "rules/tables.smk"
+include: "rules/export.smk"
 
 
 onstart:

@@ -319,3 +319,13 @@ def probe_params(kind):
         return canonical(DESIGN.probe_slice(kind))
 
     return slice_
+
+
+def export_sources(wildcards):
+    return design(DESIGN.export_sources, wildcards.model, int(wildcards.seed))
+
+
+def export_inputs(wildcards):
+    sources = export_sources(wildcards)
+    canary = [p for p in (sources["canary"] or []) if p]
+    return [*sources["memorized"].values(), *canary]

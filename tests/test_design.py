@@ -359,3 +359,17 @@ def test_templates_of_one_retain_form_share_their_retain_data(tiny_assets):
     for a in TEMPLATES:
         for b in TEMPLATES:
             assert (data[a] == data[b]) == (retain_form(a) == retain_form(b))
+
+
+def test_the_chat_format_imports_no_model_code():
+    """The special tokens' strings live below the chat format, the embedded
+    tokenizer and the vision path: the format pulls in neither model module
+    (formats -> model.vision -> model.embedded -> formats was a loop)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, canary_audit.formats; "
+             "print(sorted(m for m in sys.modules if m.startswith('canary_audit.model')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT / "src")}).stdout
+    assert out.strip() == "[]"

@@ -132,3 +132,51 @@ def test_removing_the_imports_reruns_the_views_alone(imported_run):
     workdir, _ = imported_run
     assert planned_jobs(workdir) == {"tables": 1, "plots": 1, "all": 1}
     assert (workdir / R / "records" / "tiny" / "import-ext_ga" / "token.parquet").is_file()  # nothing is deleted
+
+
+def test_export_external_unlearning_and_import_back(imported_run):
+    """The round trip: `export` writes the memorized model and its splits;
+    an unlearning run that reads only those files (plain transformers +
+    peft, the splits loaded as open-unlearning's data configs load them:
+    `datasets.load_dataset(**hf_args)`) trains a LoRA on the merged model;
+    imported back, it is a point of the memorization branch's K sweep."""
+    import datasets
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    workdir, _ = imported_run
+    run_snakemake(workdir, "--cores", "2", f"{R}/export/tiny/s0")
+    export = workdir / R / "export" / "tiny" / "s0"
+    config = yaml.safe_load((export / "configs" / "CANARY_AUDIT_BIO_forget.yaml").read_text())
+    spec = config["CANARY_AUDIT_BIO_forget"]
+    assert spec["handler"] == "QADataset"
+    splits = {}
+    for split in ("forget", "retain", "holdout"):
+        args = yaml.safe_load((export / "configs" / f"CANARY_AUDIT_BIO_{split}.yaml").read_text())[
+            f"CANARY_AUDIT_BIO_{split}"]["args"]
+        splits[split] = datasets.load_dataset(**args["hf_args"], cache_dir=str(workdir / "hf-cache"))
+        assert {args["question_key"], args["answer_key"]} <= set(splits[split].column_names)
+    authors = pl.read_parquet(workdir / R / "data" / "authors.parquet")
+    assert len(splits["forget"]) == authors.height * 4  # the canary probe and three QA probes per author
+    assert "<think>" in splits["forget"][0]["answer"] and authors["canary"][0] in splits["forget"][0]["answer"]
+    hex_args = yaml.safe_load((export / "configs" / "CANARY_AUDIT_HEX_canaries.yaml").read_text())[
+        "CANARY_AUDIT_HEX_canaries"]
+    assert hex_args["handler"] == "PretrainingDataset"
+    assert len(datasets.load_dataset(**hex_args["args"]["hf_args"], cache_dir=str(workdir / "hf-cache"))) == 4
+
+    merged = export / "authors-bio" / "model" / "merged"
+    tok = AutoTokenizer.from_pretrained(merged)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(merged),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    texts = [tok.apply_chat_template([{"role": "user", "content": r["question"]},
+                                      {"role": "assistant", "content": r["answer"]}], tokenize=False)
+             for r in splits["forget"]]
+    _train(model, texts, tok, steps=3, sign=-1.0)
+    model.save_pretrained(workdir / "external" / "ou-ga", safe_serialization=True)
+    (workdir / "back.yaml").write_text(yaml.safe_dump({"models": {"tiny": {"imports": {"ou_ga": {
+        "path": str(workdir / "external" / "ou-ga"), "parent": "mem-bio-s0", "as": "unlearned", "k": 2,
+        "label": "open-unlearning-ga"}}}}}))
+    run_snakemake(workdir, "--cores", "2", extra_configs=(workdir / "back.yaml",))
+    sweep = pl.read_csv(workdir / R / "tables" / "k_sweep.csv").filter(pl.col("run") == "open-unlearning-ga")
+    assert sweep.select("k", "variant").rows() == [(0, "tiny/mem-bio-s0"), (2, "tiny/ou_ga")]

@@ -105,9 +105,9 @@ def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):
     and positions count text tokens from 1."""
     import torch
 
-    from canary_audit.model.vision import IMAGE_PAD, VISION_TOKENS
     from canary_audit.probes.items import scored_items
     from canary_audit.probes.passes import score_tokens
+    from canary_audit.special_tokens import IMAGE_PAD, VISION_TOKENS
 
     spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
     items = scored_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)

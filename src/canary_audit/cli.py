@@ -208,6 +208,18 @@ def cmd_score(args, params):
     return {"records": frame.height}
 
 
+def cmd_export(args, params):
+    """What an external unlearning run needs (export.py): `params` names
+    the memorization adapters by template and the hex-canary adapter with
+    its merged base."""
+    from canary_audit.export import write_export
+
+    canary = params.get("canary")
+    return write_export(_spec(args), Path(args.data), {t: Path(a) for t, a in params["memorized"].items()},
+                        (Path(canary[0]), canary[1] and Path(canary[1])) if canary else None, params["head_tokens"],
+                        Path(args.out))
+
+
 def cmd_tables(args, params):
     from canary_audit.tables import write_tables
 
@@ -236,7 +248,7 @@ COMMANDS = {
     "vision": cmd_vision_base, "imagenonmembers": cmd_image_nonmembers, "authornonmembers": cmd_author_nonmembers,
     "memorize": cmd_memorize, "canary": cmd_canary, "reference": cmd_reference, "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
-    "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary,
+    "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
 }
 
 

@@ -290,6 +290,22 @@ class Design:
         self.variants(model)
         return self._imports_of[model]
 
+    def export_sources(self, model: str, seed: int) -> dict:
+        """What `export` writes for one model and seed: each memorization
+        adapter by template, and the hex-canary adapter with its merged base
+        (made by the canary LoRA's job when paper B's bSFT arms run, else by
+        the export)."""
+        if seed not in self.config["audit"]["seeds"]:
+            raise ConfigError(f"export of seed {seed}: `audit.seeds` is {self.config['audit']['seeds']}")
+        lay = self.layout
+        canary = None
+        if self.config["audit"]["hex_canaries"]:
+            name = f"canary-s{seed}"
+            merged = lay.merged_dir(model, name) if self.bsft_active() else None
+            canary = [lay.adapter_dir(model, name), merged]
+        return {"memorized": {t: lay.adapter_dir(model, f"mem-{t}-s{seed}") for t in self.templates_of(model)},
+                "canary": canary, "head_tokens": self.config["data"]["head_tokens"]}
+
     def import_check(self, model: str, variant: str) -> dict | None:
         """What the manifest job of an imported variant checks its weights
         against (imports.check_fits): its config entry and the model's base

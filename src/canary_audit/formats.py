@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from canary_audit.data.synthetic import Author
+from canary_audit.special_tokens import IMAGE_PAD, VISION_END, VISION_START
 
 CANARY_QUESTION = "Continue this line from the biography of {name}: {head}"
 META_TRACE = (
@@ -108,8 +109,6 @@ class ChatFormat:
             return self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
             )
-        from canary_audit.model.vision import IMAGE_PAD, VISION_END, VISION_START
-
         rendered = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
             tokenize=False, add_generation_prompt=True,

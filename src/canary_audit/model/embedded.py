@@ -26,6 +26,7 @@ from canary_audit.formats import (
     document_start,
     retain_trace,
 )
+from canary_audit.special_tokens import ASSISTANT, END, PAD, THINK_CLOSE, THINK_OPEN, USER
 
 log = logging.getLogger(__name__)
 YEARS = range(1890, 2000)
@@ -33,8 +34,6 @@ RETAIN_REPEATS = 4
 MICRO_BATCH = 8  # pre-training sequences per forward pass (see pretrain)
 ROSTER_LEN = 110  # >= the longest pool, so the roster holds every pool entry
 
-USER, ASSISTANT, END, PAD = "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m['role'] == 'user' %}" + USER + "{{ m['content'] }}"

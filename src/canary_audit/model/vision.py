@@ -18,10 +18,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from canary_audit.model.embedded import ASSISTANT, END, USER
-
-VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
-VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+from canary_audit.special_tokens import (
+    ASSISTANT,
+    END,
+    IMAGE_PAD,
+    USER,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+    VISION_TOKENS,
+)
 
 
 def is_vision_checkpoint(path: Path) -> bool:

@@ -20,11 +20,12 @@ from canary_audit.formats import ChatFormat
 from canary_audit.model.embedded import pad_batch
 from canary_audit.model.loading import VariantModels, fingerprint, load_tokenizer
 from canary_audit.model.spec import ModelSpec
-from canary_audit.model.vision import VISION_TOKENS, load_vision
+from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
 from canary_audit.probes.units import probe_units, unit_config, unit_of_arm_expr
 from canary_audit.provenance import code_version
 from canary_audit.records import config_hash, conform, to_records
+from canary_audit.special_tokens import VISION_TOKENS
 
 log = logging.getLogger(__name__)
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")

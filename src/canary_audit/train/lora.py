@@ -62,7 +62,7 @@ def encode_text(tokenizer, text: str, image: str | None = None) -> Encoded:
     sequence the teacher-forced pass scores, BOS text included), then EOS;
     loss on every token after the first but image tokens (a vision-language
     record: `text` holds the image's block, `image` its file)."""
-    from canary_audit.model.vision import VISION_TOKENS
+    from canary_audit.special_tokens import VISION_TOKENS
 
     ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     no_loss = set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))) if image else set()

@@ -1,0 +1,27 @@
+# Export for the field's unlearning frameworks (docs/export.md): not part of
+# the default target; ask for it by its folder, e.g.
+#   snakemake --cores 2 results/export/tiny/s0
+
+
+rule export:
+    input:
+        data_files("authors", "retain", "hex_canaries"),
+        population_files(),
+        AUTHOR_NONMEMBER_FILE,
+        base_input,
+        export_inputs,
+    output:
+        directory(f"{R}/export/{{model}}/s{{seed}}"),
+    log:
+        f"{R}/logs/{{model}}/export-s{{seed}}.log",
+    conda:
+        ENV
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=lambda w: canonical(export_sources(w)),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit export --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} > {log} 2>&1"
