@@ -53,6 +53,8 @@ def design_of(*overrides: dict) -> Design:
     ({"unlearn": {"runs": {"ga": {"templates": ["meta"]}}}},
      "`unlearn.runs.ga.templates` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
+    ({"unlearn": {"runs": {"rmu": {"method": "rmu", "templates": ["bio"], "layer": 3}}}},
+     "`unlearn.runs.rmu.layer` is 3, but model `tiny` has 2 decoder layers; choose 1..2"),
     ({"models": {"tiny": {"build": {"text_model": "tiny"}}}},
      "`models.tiny.build.text_model` is set, but `tiny` is a text model"),
     ({"models": {"tiny_vl": {"build": {"text_model": "tiny_vl"}}}},

@@ -659,6 +659,39 @@ class Design:
                 f"built on an embedded text model (known: {', '.join(known) or 'none'}); name one"
             )
 
+    def depth(self, model: str) -> int | None:
+        """The decoder layers of `model`'s checkpoint: an embedded text
+        model's build, a local checkpoint's config.json (a vision-language
+        one's text config); None where it cannot be read yet (an embedded
+        vision-language model: its text model's)."""
+        import json
+
+        entry = self.config["models"][model]
+        if entry.get("embedded"):
+            build = entry.get("build", {})
+            if entry.get("vision"):
+                return self.depth(build["text_model"]) if build.get("text_model") in self.config["models"] else None
+            return build.get("architecture", {}).get("num_layers")
+        config = Path(entry["path"]) / "config.json"
+        if not config.is_file():
+            return None
+        found = json.loads(config.read_text())
+        return found.get("num_hidden_layers") or found.get("text_config", {}).get("num_hidden_layers")
+
+    def _check_layers(self) -> None:
+        """A layer setting (RMU's steered layer) within the depth of every
+        model it would train on, before any job: otherwise it stops only when
+        its unlearning job starts, after the memorization adapters trained."""
+        for name, run in self.unlearn_runs.items():
+            layer = run.method_settings.get("layer")
+            if layer is None:
+                continue
+            for model in self.config["audit"]["models"]:
+                depth = self.depth(model)
+                if self.templates_of(model) and depth is not None and layer > depth:
+                    raise ConfigError(f"config key `unlearn.runs.{name}.layer` is {layer}, but model `{model}` has "
+                                      f"{depth} decoder layers; choose 1..{depth}")
+
     def _check_arms(self) -> None:
         """Cross-key checks of the arms: the undertrained control, prefill
         texts and the prefill contrast."""
@@ -674,6 +707,7 @@ class Design:
             check_prefill_templates(cfg["probes"]["prefills"])
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        self._check_layers()
         contrast = cfg["tables"]["prefill_contrast"]
         if cfg["probes"]["prefills"] and contrast not in cfg["probes"]["prefills"]:
             raise ConfigError(
