@@ -6,6 +6,7 @@
 import shlex
 from pathlib import Path
 
+from snakemake.io import load_configfile
 from snakemake.utils import validate
 
 from canary_audit.data.io import (
@@ -27,12 +28,17 @@ from canary_audit.design import (
 )
 from canary_audit.formats import TEMPLATES
 from canary_audit.imports import ImportRefused, check_fits
+from canary_audit.layers import replace_registries
 from canary_audit.records import canonical_json as canonical
 from canary_audit.model.loading import load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.plots import PLOTS
 from canary_audit.probes.units import unit_config
 
+# A user's file replaces a registry block whole (canary_audit/layers.py).
+replace_registries(
+    config, [load_configfile(f) for f in workflow.overwrite_configfiles or []]
+)
 validate(config, "../schemas/config.schema.yaml")
 
 R = config["results"]

@@ -30,6 +30,7 @@ rule tables:
         cfg=canonical(
             {
                 **config["tables"],
+                "tables": DESIGN.table_names(),
                 "parents": DESIGN.parents(),
                 "references": DESIGN.references(),
                 "strata": DESIGN.strata(),
@@ -72,6 +73,7 @@ rule plots:
             {
                 "window_k": config["tables"]["window_k"],
                 "mia": config["tables"]["mia"],
+                "tables": DESIGN.table_names(),
                 "parents": DESIGN.parents(),
                 "variants": DESIGN.variant_table(),
             }

@@ -4,7 +4,7 @@ against the schema, and one source of every default.  No workflow run."""
 
 from __future__ import annotations
 
-import copy
+import re
 
 import pytest
 import yaml
@@ -12,6 +12,7 @@ from conftest import ROOT
 
 from canary_audit.design import BSFT_SOURCES, ConfigError, Design
 from canary_audit.formats import TEMPLATES
+from canary_audit.layers import merge
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
 SCHEMA = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())
@@ -20,16 +21,8 @@ SMOKE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
 
 def layered(*layers: dict) -> dict:
-    """Config files laid over each other key by key, as Snakemake does."""
-    def merge(base, change):
-        out = dict(base)
-        for key, value in change.items():
-            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        return out
-    config: dict = {}
-    for layer in layers:
-        config = merge(config, copy.deepcopy(layer))
-    return config
+    """Config files laid over each other as the workflow lays them."""
+    return merge(*layers)
 
 
 def config_of(*overrides: dict) -> dict:
@@ -50,7 +43,7 @@ def design_of(*overrides: dict) -> Design:
     ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
     ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
     ({"probes": {"prefills": {"auto": "x"}}}, "`probes.prefills.auto`: `auto` names the arm where the model writes"),
-    ({"unlearn": {"runs": {"ga": {"templates": ["meta"]}}}},
+    ({"unlearn": {"runs": {"ga": {"method": "ga", "templates": ["meta"]}}}},
      "`unlearn.runs.ga.templates` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
     ({"unlearn": {"runs": {"rmu": {"method": "rmu", "templates": ["bio"], "layer": 3}}}},
@@ -98,7 +91,7 @@ def test_schema_errors_name_the_value(override, message):
 
 def test_a_setting_a_method_does_not_use_is_refused_for_it():
     with pytest.raises(ConfigError) as err:
-        design_of({"unlearn": {"runs": {"ga": {"retain_weight": 1.0}}}})
+        design_of({"unlearn": {"runs": {"ga": {"method": "ga", "templates": ["bio"], "retain_weight": 1.0}}}})
     assert ("`unlearn.runs.ga`: method `ga` does not use `retain_weight` (it takes: no hyperparameters)"
             in str(err.value))
     with pytest.raises(ConfigError, match="method `graddiff` does not use `beta`"):
@@ -110,12 +103,12 @@ def test_a_setting_a_method_does_not_use_is_refused_for_it():
 def test_two_runs_that_would_train_the_same_loss_are_refused_naming_both():
     twin = {"method": "npo", "templates": ["bio"], "beta": 0.1, "retain_weight": 0.0}
     with pytest.raises(ConfigError) as err:
-        design_of({"unlearn": {"runs": {"npo_again": twin}}})
+        design_of({"unlearn": {"runs": {"npo": twin, "npo_again": twin}}})
     assert "`unlearn.runs.npo` and `unlearn.runs.npo_again` train the same loss" in str(err.value)
     assert "template `bio`" in str(err.value)
     # The same method under other settings, or on another template, is another run.
-    design_of({"unlearn": {"runs": {"npo_again": {**twin, "beta": 0.2}}}})
-    design_of({"unlearn": {"runs": {"npo_again": {**twin, "templates": ["none"]}}}})
+    design_of({"unlearn": {"runs": {"npo": twin, "npo_again": {**twin, "beta": 0.2}}}})
+    design_of({"unlearn": {"runs": {"npo": twin, "npo_again": {**twin, "templates": ["none"]}}}})
 
 
 def test_each_run_has_its_own_effective_settings():
@@ -123,6 +116,7 @@ def test_each_run_has_its_own_effective_settings():
     NPO keeps its own; shared settings are inherited unless a run sets them."""
     design = design_of({"unlearn": {"runs": {
         "graddiff": {"method": "graddiff", "templates": ["bio"], "retain_weight": 0.5, "lr": 0.001},
+        **SMOKE["unlearn"]["runs"],
     }}})
     runs = design.unlearn_runs
     assert runs["graddiff"].settings == {"retain_weight": 0.5, "lr": 0.001, "loss_span": "answer",
@@ -375,3 +369,54 @@ def test_the_chat_format_imports_no_model_code():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "src")}).stdout
     assert out.strip() == "[]"
+
+
+def test_a_users_registry_replaces_the_defaults_and_other_blocks_merge():
+    """A user's file that names its unlearning runs gets exactly those runs
+    (and its prefill arms exactly those arms); a model entry it adds sits
+    beside the default's, and a setting it changes merges key by key."""
+    user = {"unlearn": {"runs": {"mine": {"method": "ga", "templates": ["bio"]}}, "k": [7]},
+            "probes": {"prefills": {"swap": "{other_bio}"}},
+            "tables": {"prefill_contrast": "swap"},
+            "models": {"other": {"path": "/models/x"}, "tiny": {"dtype": "bfloat16"}}}
+    config = layered(DEFAULT, user)
+    assert list(config["unlearn"]["runs"]) == ["mine"] and config["unlearn"]["lr"] == DEFAULT["unlearn"]["lr"]
+    assert config["probes"]["prefills"] == {"swap": "{other_bio}"}
+    assert config["probes"]["decode"] == DEFAULT["probes"]["decode"]
+    assert set(config["models"]) == {"tiny", "tiny_vl", "other"}
+    assert config["models"]["tiny"]["dtype"] == "bfloat16" and config["models"]["tiny"]["build"]
+    design = design_of(user | {"models": {"tiny": {"dtype": "bfloat16"}}})
+    assert list(design.unlearn_runs) == ["mine"]
+    assert sorted(v for v in design.variants("tiny") if v.startswith("mine-")) == ["mine-bio-s0-k7"]
+    # a model's imports are a registry too: a later file's replace an earlier one's
+    first = {"models": {"tiny": {"imports": {"a": {"path": "/x", "parent": "base", "as": "changed"}}}}}
+    second = {"models": {"tiny": {"imports": {"b": {"path": "/y", "parent": "base", "as": "changed"}}}}}
+    assert list(layered(DEFAULT, first, second)["models"]["tiny"]["imports"]) == ["b"]
+
+
+def test_think_tags_left_out_are_a_text_models_and_none_for_a_vision_model():
+    from canary_audit.model.spec import ModelSpec
+
+    assert ModelSpec.think_tags({"path": "/m"}) == ("<think>", "</think>")
+    assert ModelSpec.think_tags({"path": "/m", "vision": True}) == (None, None)
+    assert ModelSpec.think_tags({"path": "/m", "think_open": None, "think_close": None}) == (None, None)
+    design = design_of({"models": {"vl": {"path": "/models/vl", "vision": True}}})
+    entry = design.model_entry("vl")
+    assert (entry["think_open"], entry["think_close"]) == (None, None)
+
+
+def test_the_readmes_own_model_example_plans_what_it_shows():
+    """The README's `my_model.yaml`, layered on paper A's config as the
+    README says, validates and trains exactly the two runs it shows."""
+    block = re.search(r"```yaml\n# my_model.yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    example = yaml.safe_load(block)
+    paper_a = yaml.safe_load((ROOT / "configs" / "paper_a.yaml").read_text())
+    config = layered(DEFAULT, paper_a, example)
+    from snakemake.utils import validate
+
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    design = Design(config)
+    assert sorted(design.unlearn_runs) == ["npo", "rmu"]
+    assert config["audit"]["models"] == ["my_r1"] and config["unlearn"]["k"] == [100, 400, 800, 1600]
+    runs = {v.run for v in design.variants("my_r1").values() if v.kind == "unlearned"}
+    assert runs == {"npo", "rmu"}

@@ -33,6 +33,8 @@ def planned_jobs(workdir, override: dict | None = None, layer: str = "configs/sm
     return jobs
 
 
+# The smoke config's unlearning runs: a file that names runs names all it wants (a registry).
+SMOKE_RUNS = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())["unlearn"]["runs"]
 SMOKE_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
@@ -250,7 +252,7 @@ def test_library_code_is_not_a_rerun_trigger_and_a_stage_can_be_forced(smoke_run
 
 
 def test_unlearning_setting_reruns_its_branch_only(smoke_run):
-    jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"npo": {"beta": 0.2}}}})
+    jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {**SMOKE_RUNS, "npo": {**SMOKE_RUNS["npo"], "beta": 0.2}}}})
     assert jobs["unlearn"] == 1  # beta is the NPO run's: the GA run is untouched
     assert not jobs.keys() & {"embedded_base", "memorize", "canary_lora", "synthetic_data"}
     assert jobs["decode_pass"] == 1 and jobs["teacher_forced_pass"] == 1
@@ -260,16 +262,25 @@ def test_a_new_unlearning_run_runs_only_its_own_jobs(smoke_run):
     """SimNPO and RMU runs beside NPO and GA: their two jobs, their variants'
     manifests and the probe passes of the memorization group they join."""
     jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"simnpo": {"method": "simnpo", "templates": ["bio"]},
-                                                         "rmu": {"method": "rmu", "templates": ["bio"]}}}})
+                                                         "rmu": {"method": "rmu", "templates": ["bio"]},
+                                                         **SMOKE_RUNS}}})
     assert jobs == {"unlearn": 2, "variant_manifest": 4, "decode_pass": 1, "teacher_forced_pass": 1, "tables": 1,
                     "plots": 1, "all": 1}
+
+
+def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
+    """`unlearn.runs` is a registry (canary_audit/layers.py): a file naming
+    NPO alone drops the smoke config's GA run; the memorization group, which
+    scored GA's checkpoints, is re-scored without them, and nothing trains."""
+    jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}}})
+    assert jobs == {"decode_pass": 1, "teacher_forced_pass": 1, "tables": 1, "plots": 1, "all": 1}
 
 
 # The fine job grain on a paper-A-only slice of the smoke audit: one template,
 # NPO with K = 3, 5; variants base, mem-bio-s0, npo-bio-s0-k3, npo-bio-s0-k5,
 # each probed per unit (AUTO and the bio, meta and empty prefill arms).
 FINE = {"grain": "fine", "audit": {"models": ["tiny"], "templates": ["bio"], "hex_canaries": False},
-        "unlearn": {"runs": {"npo": {"templates": ["bio"]}, "ga": {"templates": []}}}}
+        "unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}}}
 FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5", "reference-meta-s0")
 
 
@@ -424,7 +435,8 @@ def test_unknown_model_path_is_named(tmp_path):
 
 @pytest.mark.parametrize("override,message", [
     ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
-    ({"unlearn": {"runs": {"ga": {"retain_weight": 1.0}}}}, "method `ga` does not use `retain_weight`"),
+    ({"unlearn": {"runs": {"ga": {**SMOKE_RUNS["ga"], "retain_weight": 1.0}}}},
+     "method `ga` does not use `retain_weight`"),
 ])
 def test_bad_config_is_named_before_any_job(tmp_path, override, message):
     """The design's config errors (tests/test_design.py checks each one
@@ -458,3 +470,26 @@ def test_local_checkpoint_that_cannot_be_audited_is_named(smoke_run, tmp_path, e
     proc = run_snakemake(smoke_run, "-n", check=False, extra_configs=(extra,))
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
+
+
+def test_a_vision_language_only_audit_runs_to_its_end(smoke_run, tmp_path):
+    """`audit.models: [tiny_vl]` alone: the design declares no paper A table
+    (a vision-language model runs paper B's arms only), the tables job
+    writes exactly the declared ones, and the run ends."""
+    import shutil
+
+    from test_design import design_of
+
+    from canary_audit.design import PAPER_A_TABLES
+
+    workdir = tmp_path / "run"
+    shutil.copytree(smoke_run, workdir, symlinks=True)
+    override = {"audit": {"models": ["tiny_vl"]}}
+    declared = design_of(override).table_names()  # the smoke config with the override
+    assert not set(PAPER_A_TABLES) & set(declared)
+    assert planned_jobs(workdir, override) == {"tables": 1, "plots": 1, "all": 1}
+    run_snakemake(workdir, "--cores", "2", extra_configs=(workdir / "override.yaml",))
+    tables = workdir / "results" / "smoke" / "tables"
+    written = {p.stem for p in tables.glob("*.csv") if p.stat().st_mtime > (workdir / "override.yaml").stat().st_mtime}
+    assert written == set(declared)
+    assert pl.read_csv(tables / "hex_recall.csv")["variant"].str.starts_with("tiny_vl/").all()

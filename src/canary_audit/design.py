@@ -474,7 +474,9 @@ class Design:
         """The model entry a job reads; `path` replaces the base weights (a
         merged base) and keeps the tokenizer settings."""
         entry = self.config["models"][model]
-        return {"name": model, "path": path or self.model_path(model), **{k: entry.get(k) for k in MODEL_KEYS}}
+        think_open, think_close = ModelSpec.think_tags(entry)
+        return {"name": model, "path": path or self.model_path(model), **{k: entry.get(k) for k in MODEL_KEYS},
+                "think_open": think_open, "think_close": think_close}
 
     def probe_slice(self, kind: str) -> dict:
         """What a probe pass of `kind` (`decode`, `teacher_forced`) reads."""
@@ -578,8 +580,13 @@ class Design:
                 for v, e in self.variants(m).items() if e.cell is not None}
 
     def table_names(self) -> list[str]:
-        """The tables this config's audit produces."""
-        names = list(PAPER_A_TABLES) if self.config["audit"]["templates"] else []
+        """The tables this config's audit produces: the one registry the
+        tables job writes (each, empty with a reason where the records hold
+        none), the workflow expects and the plots read.  Paper A's tables
+        only where some audited model runs paper A's arms (a
+        vision-language model runs paper B's only)."""
+        models = self.config["audit"]["models"]
+        names = list(PAPER_A_TABLES) if any(self.templates_of(m) for m in models) else []
         if self.config["audit"]["hex_canaries"]:
             # No candidates (`data.n_exposure_candidates: 0`): no exposure table.
             names += [t for t in HEX_TABLES if (t != "exposure" or self.config["data"]["n_exposure_candidates"])
@@ -629,7 +636,7 @@ class Design:
                 )
             if entry.get("vision"):
                 self._check_vision(name, entry)
-            elif audit["templates"] and entry.get("think_close") is None:
+            elif audit["templates"] and ModelSpec.think_tags(entry)[1] is None:
                 raise ConfigError(
                     f"model `{name}` has no think tags (`models.{name}.think_close` is null), but paper A's arms "
                     f"need them (`audit.templates`: {', '.join(audit['templates'])}); set the model's tags, or "

@@ -292,9 +292,14 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     variants = cfg.get("variants", {})
+    declared = cfg.get("tables")
 
     def table(name: str) -> pl.DataFrame:
+        """A declared table (Design.table_names), never one an earlier run of
+        another config left in the folder."""
         path = Path(tables_dir) / f"{name}.csv"
+        if declared is not None and name not in declared:
+            return pl.DataFrame()
         return pl.read_csv(path) if path.exists() and path.stat().st_size else pl.DataFrame()
 
     figures = {

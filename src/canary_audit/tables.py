@@ -296,6 +296,19 @@ def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dic
         f"Records read, per file and code version ({versions} code version{'s' if versions != 1 else ''}"
         f"{': MIXED, see the tables log' if versions > 1 else ''})", provenance,
     )
+    declared = cfg.get("tables")
+    if declared is not None:  # the design's table registry (Design.table_names)
+        extra = sorted(set(tables) - set(declared))
+        held = [name for name in extra if tables[name][1].height]
+        if held:
+            raise ValueError(f"the records fill tables the design does not declare ({', '.join(held)}); "
+                             "Design.table_names and tables.build_tables disagree")
+        for name in extra:  # a view with nothing to show (e.g. no hex records): not this config's table
+            del tables[name]
+        for name in declared:
+            if name not in tables:
+                tables[name] = (f"{name}: no records of this run feed it (its probes were not run on any "
+                                "audited variant)", pl.DataFrame())
     for name, (title, frame) in tables.items():
         write_table(frame, out_dir, name, title)
     # The view settings beside the tables (parents, paper B cells, thresholds):

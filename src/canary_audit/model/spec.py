@@ -31,14 +31,24 @@ class ModelSpec:
         testbed stores bf16 weights, where a small update can round away)."""
         return self.merge_dtype or self.dtype
 
+    @staticmethod
+    def think_tags(entry: dict) -> tuple[str | None, str | None]:
+        """A model entry's think tags: as given (null: none), else a text
+        model's `<think>` / `</think>` and no tags for a vision-language
+        model (paper B's Qwen2.5-VL has none in its vocabulary)."""
+        default = (None, None) if entry.get("vision") else ("<think>", "</think>")
+        return (entry["think_open"] if "think_open" in entry else default[0],
+                entry["think_close"] if "think_close" in entry else default[1])
+
     @classmethod
     def from_config(cls, name: str, entry: dict, path: Path | str) -> ModelSpec:
+        think_open, think_close = cls.think_tags(entry)
         return cls(
             name=name,
             path=Path(path),
             dtype=entry.get("dtype", "float32"),
-            think_open=entry.get("think_open", "<think>"),
-            think_close=entry.get("think_close", "</think>"),
+            think_open=think_open,
+            think_close=think_close,
             chat_template=entry.get("chat_template"),
             trust_remote_code=bool(entry.get("trust_remote_code", False)),
             vision=bool(entry.get("vision", False)),
