@@ -6,7 +6,8 @@
 import shlex
 from pathlib import Path
 
-from snakemake.io import load_configfile
+import yaml
+
 from snakemake.utils import validate
 
 from canary_audit.data.io import (
@@ -37,7 +38,11 @@ from canary_audit.probes.units import unit_config
 
 # A user's file replaces a registry block whole (canary_audit/layers.py).
 replace_registries(
-    config, [load_configfile(f) for f in workflow.overwrite_configfiles or []]
+    config,
+    [
+        yaml.safe_load(Path(f).read_text()) or {}
+        for f in workflow.overwrite_configfiles or []
+    ],
 )
 validate(config, "../schemas/config.schema.yaml")
 
@@ -313,8 +318,10 @@ def unlearn_params(wildcards):
 
 
 def probe_params(kind):
-    """A probe job's settings: the whole pass's, or under the fine grain its
-    unit's alone (a new prefill arm changes no other unit's params)."""
+    """A probe job's settings: those its group's probe units read
+    (Design.probe_slice: a hex-sampling setting or a prefill text only where
+    records read it), or under the fine grain its unit's alone (a new
+    prefill arm changes no other unit's params)."""
 
     def slice_(wildcards):
         if FINE:
@@ -322,7 +329,7 @@ def probe_params(kind):
                 return canonical(unit_config(DESIGN.probe_slice(kind), wildcards.unit))
             except ValueError as err:
                 fail(str(err))
-        return canonical(DESIGN.probe_slice(kind))
+        return canonical(DESIGN.probe_slice(kind, probe_sets(wildcards)))
 
     return slice_
 

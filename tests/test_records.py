@@ -64,21 +64,21 @@ def test_wrong_schema_is_refused(tmp_path):
 
 
 def test_tables_refuse_records_from_two_probe_configs(tmp_path):
-    """Within one probe unit (here `auto`: the hex records) every file must
+    """Within one probe unit (here `hex`: the hex records) every file must
     carry one config hash; two units may differ (probes/units.py)."""
     from canary_audit.tables import concat_records, write_tables
 
     a, b, c = (tmp_path / f"{n}.parquet" for n in "abc")
     write_parquet_atomic(to_records([token_row()], "token"), a)
     write_parquet_atomic(to_records([token_row(variant="m/w", config_hash="other")], "token"), b)
-    with pytest.raises(RecordsError, match=r"different probe settings: .*a.parquet \(auto: abc\)"):
+    with pytest.raises(RecordsError, match=r"different probe settings: .*a.parquet \(hex: abc\)"):
         write_tables(decode=[], tokens=[a, b], out_dir=tmp_path / "t",
                      cfg={"window_k": 5, "parser": {}, "parents": {}})
     write_parquet_atomic(to_records([token_row(probe_set="canary", arm="prefill_bio", config_hash="bio")], "token"), c)
     assert concat_records([a, c], "token").height == 2
 
 
-@pytest.mark.parametrize("expected", [{"auto": "new"}, {"bio": "old"}])
+@pytest.mark.parametrize("expected", [{"hex": "new"}, {"bio": "old"}])
 def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path, expected):
     """A unit's records with another hash than the config's, or of a unit the
     config no longer has, are stale."""
@@ -87,7 +87,7 @@ def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path
     a = tmp_path / "a.parquet"
     write_parquet_atomic(to_records([token_row(config_hash="old")], "token"), a)
     cfg = {"window_k": 5, "parser": {}, "parents": {}, "expected_hashes": {"token": expected}}
-    stale = r"other probe settings than the current ones .*a.parquet \(auto: old\).*teacher_forced_pass"
+    stale = r"other probe settings than the current ones .*a.parquet \(hex: old\).*teacher_forced_pass"
     with pytest.raises(RecordsError, match=stale):
         write_tables(decode=[], tokens=[a], out_dir=tmp_path / "t", cfg=cfg)
     assert not (tmp_path / "t").exists()  # nothing written from stale records
@@ -99,14 +99,15 @@ def test_probe_unit_settings_are_what_its_records_depend_on():
     cfg = {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6, "threads": 2,
            "prefills": {"bio": "{bio_opening}", "empty": ""}}
     assert unit_config(cfg, "bio") == {"max_new_tokens": 8, "head_tokens": 6, "prefills": {"bio": "{bio_opening}"}}
-    assert unit_config(cfg, "auto") == {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6,
-                                        "prefills": {}}
-    for unit in ("auto", "bio", "empty"):  # a job given its unit's slice stamps the same hash
+    assert unit_config(cfg, "hex") == {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6,
+                                       "prefills": {}}
+    assert unit_config(cfg, "auto") == {"max_new_tokens": 8, "head_tokens": 6, "prefills": {}}
+    for unit in ("auto", "hex", "bio", "empty"):  # a job given its unit's slice stamps the same hash
         assert unit_config(unit_config(cfg, unit), unit) == unit_config(cfg, unit)
     more = {**cfg, "prefills": {**cfg["prefills"], "swap": "{other_bio}"}}
-    assert all(unit_config(more, u) == unit_config(cfg, u) for u in ("auto", "bio", "empty"))
+    assert all(unit_config(more, u) == unit_config(cfg, u) for u in ("auto", "hex", "bio", "empty"))
     with pytest.raises(ValueError, match="probe unit `meta` is not a prefill arm"):
         unit_config(cfg, "meta")
     arms = ["auto", "greedy", "sampled", "preamble", "prefill_bio", "prefill_x_y"]
-    assert [unit_of_arm(a) for a in arms] == ["auto", "auto", "auto", "auto", "bio", "x_y"]
+    assert [unit_of_arm(a) for a in arms] == ["auto", "hex", "hex", "hex", "bio", "x_y"]
     assert pl.DataFrame({"arm": arms}).select(unit_of_arm_expr())["arm"].to_list() == list(map(unit_of_arm, arms))

@@ -228,16 +228,6 @@ def test_repetition_strata_retrain_the_canary_lora_and_nothing_before_it(smoke_r
     assert not untouched & set(jobs)
 
 
-def test_sampling_k_reruns_decode_passes_only(smoke_run):
-    jobs = planned_jobs(smoke_run, {"probes": {"decode": {"hit_k": 4}}})
-    assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
-
-
-def test_prefill_text_reruns_both_probe_passes_and_no_training(smoke_run):
-    """A prefill arm's text feeds the decode pass and the teacher-forced pass
-    (which scores canaries under each prefill): both re-run, nothing trains."""
-    jobs = planned_jobs(smoke_run, {"probes": {"prefills": {"meta": "I recall the writer."}}})
-    assert set(jobs) == {"decode_pass", "teacher_forced_pass", "tables", "plots", "all"}
 
 
 def test_library_code_is_not_a_rerun_trigger_and_a_stage_can_be_forced(smoke_run):
@@ -266,6 +256,19 @@ def test_a_new_unlearning_run_runs_only_its_own_jobs(smoke_run):
                                                          **SMOKE_RUNS}}})
     assert jobs == {"unlearn": 2, "variant_manifest": 4, "decode_pass": 1, "teacher_forced_pass": 1, "tables": 1,
                     "plots": 1, "all": 1}
+
+
+def test_a_probe_setting_reruns_only_the_jobs_whose_records_read_it(smoke_run):
+    """hit@k is read by the hex probes only: the decode jobs of the four
+    groups that sample hex canaries (the text model's base and bSFT groups,
+    the VL model's), not the memorization groups'; a prefill text by the
+    author probes only: the three groups that run them (base and two
+    memorization groups), decode and teacher-forced, not the hex-only ones."""
+    assert planned_jobs(smoke_run, {"probes": {"decode": {"hit_k": 5}}}) == {
+        "decode_pass": 4, "tables": 1, "plots": 1, "all": 1}
+    prefills = {**yaml.safe_load((ROOT / "workflow_config.yaml").read_text())["probes"]["prefills"], "empty": " "}
+    assert planned_jobs(smoke_run, {"probes": {"prefills": prefills}}) == {
+        "decode_pass": 3, "teacher_forced_pass": 3, "tables": 1, "plots": 1, "all": 1}
 
 
 def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
@@ -325,7 +328,7 @@ def test_fine_grain_records_equal_the_coarse_runs(fine_run, smoke_run):
     assert "resuming training from step 3" in (logs / "unlearn-npo-bio-s0-k5.log").read_text()  # a segment
     units = fine_run / "results" / "smoke" / "records" / "tiny" / "units"
     assert {p.parent.relative_to(units).as_posix() for p in units.rglob("decode.parquet")} == {
-        f"{v}/{u}" for v in FINE_VARIANTS for u in ("auto", "bio", "meta", "empty")}
+        f"{v}/{u}" for v in FINE_VARIANTS for u in ("auto", "bio", "meta", "empty")} | {"base/hex"}
     coarse = smoke_run / "results" / "smoke" / "records" / "tiny"
     keys = ["variant", "probe_set", "item_id", "arm", "sample"]
     for kind, sort in (("decode", keys), ("token", [*keys[:4], "position"])):
@@ -359,9 +362,11 @@ def test_fine_grain_new_k_runs_only_its_jobs(fine_run):
     assert inserted["unlearn"] == 2 and inserted["decode_pass"] == 8  # K=4 new, K=5 from K=4's state
 
 
-def test_fine_grain_hex_sampling_reruns_only_the_auto_units(fine_run):
+def test_fine_grain_hex_sampling_reruns_only_the_hex_units(fine_run):
+    """Of the slice's variants only the base model's group runs the hex
+    probes (the memorization branch does not): one `hex` unit job."""
     jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"decode": {"hit_k": 4}}}))
-    assert jobs == {"decode_pass": len(FINE_VARIANTS), "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"decode_pass": 1, "tables": 1, "plots": 1, "all": 1}
 
 
 def test_paper_a_grid_plans_the_papers_jobs(smoke_run):

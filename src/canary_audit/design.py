@@ -18,7 +18,8 @@ from canary_audit.formats import retain_form
 from canary_audit.imports import ADAPTER, CHECKPOINT, PARENT_KINDS, Import, ImportRefused, resolve
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import check_prefill_templates
-from canary_audit.probes.units import AUTO
+from canary_audit.probes.units import AUTO, HEX_ONLY
+from canary_audit.probes.units import HEX as HEX_UNIT
 from canary_audit.records import PROBE_SETS, canonical_json
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
@@ -478,10 +479,19 @@ class Design:
         return {"name": model, "path": path or self.model_path(model), **{k: entry.get(k) for k in MODEL_KEYS},
                 "think_open": think_open, "think_close": think_close}
 
-    def probe_slice(self, kind: str) -> dict:
-        """What a probe pass of `kind` (`decode`, `teacher_forced`) reads."""
-        return {**self.config["probes"][kind], "prefills": self.config["probes"]["prefills"],
+    def probe_slice(self, kind: str, sets: str = ALL_SETS) -> dict:
+        """What a probe pass of `kind` (`decode`, `teacher_forced`) reads; for
+        a group that runs `sets` (probe_sets_of), only the settings its
+        records' units read: no prefill texts without the author probes, no
+        hex-sampling setting without the hex probes, so changing one re-runs
+        only the jobs whose records depend on it."""
+        full = {**self.config["probes"][kind], "prefills": self.config["probes"]["prefills"],
                 "head_tokens": self.config["data"]["head_tokens"]}
+        if sets == HEX:
+            return {**full, "prefills": {}}
+        if sets == AUTHOR_SETS:
+            return {k: v for k, v in full.items() if k not in HEX_ONLY}
+        return full
 
     def probe_hashes(self) -> dict[str, dict[str, str]]:
         """Per kind of record, the config hash each probe unit's records must
@@ -514,12 +524,14 @@ class Design:
 
     def variant_units(self, model: str, variant: str, kind: str) -> list[str]:
         """The probe units of a variant's `kind` records under the fine grain:
-        AUTO (for teacher-forced records: the hex canaries and decoys) where
-        its group runs it, and each prefill arm where it runs author probes."""
+        where its group runs the author probes, AUTO (decode only) and each
+        prefill arm; where it runs the hex probes, the hex unit."""
         sets = self.probe_sets_of(model, self.variants(model)[variant].group)
-        prefills = sorted(self.config["probes"]["prefills"]) if sets != HEX else []
-        auto = [AUTO] if kind == "decode" or sets != AUTHOR_SETS else []
-        return [*auto, *prefills]
+        authors = sets != HEX
+        prefills = sorted(self.config["probes"]["prefills"]) if authors else []
+        auto = [AUTO] if authors and kind == "decode" else []  # AUTO author probes decode only
+        hex_ = [HEX_UNIT] if sets != AUTHOR_SETS else []
+        return [*auto, *hex_, *prefills]
 
     # --- what the views read ---------------------------------------------
 

@@ -1,14 +1,18 @@
 """Probe units: the parts of a probe pass that depend on different settings.
 
 A decode or teacher-forced pass runs several *arms* (see items.py).  What a
-record depends on is its unit: `auto` (everything not conditioned on a
-prefill: AUTO decodes, retain QA, the hex canaries with their hit@k samples
-and teacher-forced decoys) or one prefill name (the canary and QA items under
-that prefill).  Each record carries the hash of its unit's settings, not of
-the whole probe config, so that
+record depends on is its unit: `auto` (the author and retain probes not
+conditioned on a prefill: AUTO decodes, retain QA), `hex` (the hex family:
+greedy decodes with their hit@k samples, teacher-forced canaries, decoys,
+non-members and candidates) or one prefill name (the canary and QA items
+under that prefill).  Each record carries the hash of its unit's settings,
+not of the whole probe config, so that
 
 - a new prefill arm leaves every other unit's records valid (the fine job
-  grain then runs only the new arm's jobs), and
+  grain then runs only the new arm's jobs),
+- a hex-sampling setting touches only the hex unit, and a prefill text only
+  its unit: a job whose group runs neither is not re-run (its params are
+  the union of its units' settings, Design.probe_slice), and
 - the records are the same whether a job ran one unit or all of them.
 """
 
@@ -17,36 +21,46 @@ from __future__ import annotations
 import polars as pl
 
 AUTO = "auto"
+HEX = "hex"
 PREFILL = "prefill_"
-# Decode settings only the hex probes read (the `auto` unit): changing them
-# touches no prefill unit.
+# The arms of the hex family's records: greedy and sampled decodes,
+# teacher-forced records behind their preamble.
+HEX_ARMS = ("greedy", "sampled", "preamble")
+# Decode settings only the hex probes read (the `hex` unit): changing them
+# touches no author unit.
 HEX_ONLY = frozenset({"hit_k", "temperature", "sample_seed", "hex_max_new_tokens"})
 
 
 def unit_of_arm(arm: str) -> str:
     """The unit a record's arm belongs to (`prefill_bio` -> `bio`)."""
+    if arm in HEX_ARMS:
+        return HEX
     return arm.removeprefix(PREFILL) if arm.startswith(PREFILL) else AUTO
 
 
 def unit_of_arm_expr(arm: str = "arm") -> pl.Expr:
     """`unit_of_arm` as a polars expression over a column of arms."""
-    return (pl.when(pl.col(arm).str.starts_with(PREFILL))
-            .then(pl.col(arm).str.strip_prefix(PREFILL)).otherwise(pl.lit(AUTO)))
+    return (pl.when(pl.col(arm).str.starts_with(PREFILL)).then(pl.col(arm).str.strip_prefix(PREFILL))
+            .when(pl.col(arm).is_in(list(HEX_ARMS))).then(pl.lit(HEX))
+            .otherwise(pl.lit(AUTO)))
 
 
 def probe_units(prefills: dict[str, str]) -> list[str]:
-    """Every unit of a pass under these prefills, `auto` first."""
-    return [AUTO, *sorted(prefills)]
+    """Every unit of a pass under these prefills, `auto` and `hex` first."""
+    return [AUTO, HEX, *sorted(prefills)]
 
 
 def unit_config(pass_cfg: dict, unit: str) -> dict:
-    """The settings records of `unit` depend on: a prefill unit reads its own
-    prefill text and no hex setting; `auto` reads no prefill.  Idempotent:
-    the slice of a slice is itself, so a job given only its unit's slice
-    stamps the same hash as a job given the whole pass config."""
+    """The settings records of `unit` depend on: `hex` reads the hex
+    settings and no prefill; `auto` neither; a prefill unit its own prefill
+    text and no hex setting.  Idempotent: the slice of a slice is itself, so
+    a job given only its unit's slice stamps the same hash as a job given
+    the whole pass config."""
     common = {k: v for k, v in pass_cfg.items() if k not in ("prefills", "threads")}
-    if unit == AUTO:
+    if unit == HEX:
         return {**common, "prefills": {}}
+    if unit == AUTO:
+        return {**{k: v for k, v in common.items() if k not in HEX_ONLY}, "prefills": {}}
     prefills = pass_cfg.get("prefills", {})
     if unit not in prefills:
         raise ValueError(f"probe unit `{unit}` is not a prefill arm of this pass (arms: {', '.join(sorted(prefills))})")
