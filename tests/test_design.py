@@ -420,3 +420,44 @@ def test_the_readmes_own_model_example_plans_what_it_shows():
     assert config["audit"]["models"] == ["my_r1"] and config["unlearn"]["k"] == [100, 400, 800, 1600]
     runs = {v.run for v in design.variants("my_r1").values() if v.kind == "unlearned"}
     assert runs == {"npo", "rmu"}
+
+
+def test_documented_counts_are_the_designs():
+    """Counts the docs and config comments state are the design's: the
+    default audit's variants, groups and probe jobs (coarse and fine), and
+    paper B's manifests (a renamed or added variant fails this, not a
+    reader)."""
+    config = layered(DEFAULT)
+    from snakemake.utils import validate
+
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    default = Design(config)
+    models = config["audit"]["models"]
+    variants = sum(len(default.variants(m)) for m in models)
+    groups = sum(len(default.probe_groups(m)) for m in models)
+    coarse = sum(len(default.records_files(k, False)) for k in ("decode", "token"))
+    fine = sum(len(default.records_files(k, True)) for k in ("decode", "token"))
+    comment = (ROOT / "workflow_config.yaml").read_text()
+    assert f"has {variants} variants of\n# two models in {groups} groups, {coarse} probe jobs" in comment
+    assert f"arm; {fine} probe jobs)" in comment
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    assert f"default audit has {coarse} probe jobs coarse and {fine} fine" in reference
+    assert f"its {fine} probe jobs" in (ROOT / "docs" / "limits.md").read_text()
+    paper_b = layered(DEFAULT, yaml.safe_load((ROOT / "configs" / "paper_b.yaml").read_text()))
+    validate(paper_b, str(ROOT / "schemas" / "config.schema.yaml"))
+    manifests = sum(len(Design(paper_b).variants(m)) for m in paper_b["audit"]["models"])
+    assert f"{manifests} manifest" in reference
+
+
+def test_the_reference_vision_language_example_plans_paper_bs_arms():
+    """docs/reference.md's Qwen2.5-VL entry, layered on the default config as
+    written, validates and plans paper B's arms only."""
+    text = (ROOT / "docs" / "reference.md").read_text()
+    block = re.search(r"```yaml\n(models:\n  qwen25vl_7b:.*?)```", text, re.S).group(1)
+    config = layered(DEFAULT, yaml.safe_load(block))
+    from snakemake.utils import validate
+
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    design = Design(config)
+    kinds = {v.kind for v in design.variants("qwen25vl_7b").values()}
+    assert "memorized" not in kinds and {"canary", "bsft"} <= kinds

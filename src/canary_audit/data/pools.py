@@ -3,7 +3,7 @@
 Fictional authors, public "distractor" authors (pre-training only) and canary
 sentences are all built from these same pools.  That is deliberate: under LoRA
 the embeddings are frozen, so every token of a fictional record must already
-occur in the pre-training corpus or it can never be learned (FINDINGS trap 2).
+occur in the pre-training corpus or it can never be learned.
 Sharing the pools gives that coverage while the *combinations* that make up a
 fictional author stay unseen until the memorization adapter is trained.
 """

@@ -49,7 +49,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     Saved with `tokenizer_class: TokenizersBackend` beside a Llama config:
     for that pair transformers 5 loads tokenizer.json as trained, whereas for
     `model_type: qwen2` it forces Qwen2Tokenizer, whose own pre-tokenizer and
-    NFC normalizer re-tokenize the text (FINDINGS trap 1).  A test asserts
+    NFC normalizer re-tokenize the text.  A test asserts
     the save/reload round trip.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -209,7 +209,7 @@ def build_model(vocab_size: int, arch: dict, tokenizer):
 
 def pretrain(model, tokenizer, texts: list[str], cfg: dict, seed: int) -> list[float]:
     """Random padded batches (length-sorted or packed batches failed to learn
-    on this scale, FINDINGS), AdamW with linear warm-up and cosine decay."""
+    on this scale), AdamW with linear warm-up and cosine decay."""
     import math
 
     import torch

@@ -2,8 +2,8 @@
 reasoning format), the hex-canary LoRA, and unlearning.
 
 One plain PyTorch loop serves all of them.  Each step draws a forget batch and
-a retain batch (training on the forget set alone wrecks the model, FINDINGS
-trap 3), so batch composition is exact and seeded; the forget loss is a named
+a retain batch (training on the forget set alone wrecks the model: its
+retain accuracy collapses), so batch composition is exact and seeded; the forget loss is a named
 choice (NLL for memorization, an unlearning method's loss from
 train/methods.py).  trl is not a dependency: it has no NPO trainer, RMU
 needs hidden states and a frozen reference of its own, and one loop keeps
