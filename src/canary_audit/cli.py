@@ -220,6 +220,15 @@ def cmd_export(args, params):
                         Path(args.out))
 
 
+def cmd_status(args, params):
+    """Progress of the newest run in the working directory (status.py):
+    printed, not written."""
+    from canary_audit.status import report
+
+    print(report(Path(args.data or ".")))
+    return {}
+
+
 def cmd_tables(args, params):
     from canary_audit.tables import write_tables
 
@@ -249,6 +258,7 @@ COMMANDS = {
     "memorize": cmd_memorize, "canary": cmd_canary, "reference": cmd_reference, "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
+    "status": cmd_status,
 }
 
 
@@ -273,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", nargs="*", default=[], help="decode records files")
     p.add_argument("--tokens", nargs="*", default=[], help="token records files")
     p.add_argument("--tables", help="tables folder (plots are drawn from its CSVs)")
-    p.add_argument("--out", nargs="*", required=True, help="output path(s)")
+    p.add_argument("--out", nargs="*", default=[None], help="output path(s) (every command but status)")
     p.add_argument("--summary", help="where to write a JSON summary")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--import-check", help="an imported variant's entry and the base it must fit, as JSON (variant)")
@@ -282,7 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "status" and args.out == [None]:
+        parser.error(f"--out is required for `{args.command}`")
     if args.command not in ("unlearn", "canary", "bsft"):
         args.out = args.out[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
