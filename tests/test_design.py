@@ -461,3 +461,10 @@ def test_the_reference_vision_language_example_plans_paper_bs_arms():
     design = Design(config)
     kinds = {v.kind for v in design.variants("qwen25vl_7b").values()}
     assert "memorized" not in kinds and {"canary", "bsft"} <= kinds
+
+
+def test_the_readme_stays_short_and_points_only_at_pages_that_exist():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 250
+    for page in set(re.findall(r"docs/[\w.-]+\.(?:md|png)", text)):
+        assert (ROOT / page).is_file(), page
