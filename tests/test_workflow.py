@@ -12,6 +12,7 @@ import yaml
 from conftest import ROOT, assert_token_records_close, run_snakemake
 
 from canary_audit.jobs import MODEL_JOBS
+from canary_audit.probes.units import HEX_ARMS
 from canary_audit.views.paper_b import DIAGNOSES, INCONCLUSIVE
 
 pytestmark = pytest.mark.workflow
@@ -328,13 +329,15 @@ def test_fine_grain_records_equal_the_coarse_runs(fine_run, smoke_run):
     assert "resuming training from step 3" in (logs / "unlearn-npo-bio-s0-k5.log").read_text()  # a segment
     units = fine_run / "results" / "smoke" / "records" / "tiny" / "units"
     assert {p.parent.relative_to(units).as_posix() for p in units.rglob("decode.parquet")} == {
-        f"{v}/{u}" for v in FINE_VARIANTS for u in ("auto", "bio", "meta", "empty")} | {"base/hex"}
+        f"{v}/{u}" for v in FINE_VARIANTS for u in ("auto", "bio", "meta", "empty")}
     coarse = smoke_run / "results" / "smoke" / "records" / "tiny"
     keys = ["variant", "probe_set", "item_id", "arm", "sample"]
     for kind, sort in (("decode", keys), ("token", [*keys[:4], "position"])):
         fine = pl.concat([pl.read_parquet(p) for p in units.rglob(f"{kind}.parquet")]).sort(sort)
         ref = pl.concat([pl.read_parquet(p) for p in coarse.glob(f"*/{kind}.parquet")])
-        ref = ref.filter(pl.col("variant").is_in([f"tiny/{v}" for v in FINE_VARIANTS])).sort(sort)
+        # the smoke run's base group also scored the hex canaries, which the slice does not audit
+        ref = ref.filter(pl.col("variant").is_in([f"tiny/{v}" for v in FINE_VARIANTS])
+                         & ~pl.col("arm").is_in(list(HEX_ARMS))).sort(sort)
         if kind == "token":
             assert_token_records_close(fine, ref)
         else:
@@ -342,11 +345,13 @@ def test_fine_grain_records_equal_the_coarse_runs(fine_run, smoke_run):
 
 
 def test_fine_grain_new_or_changed_prefill_arm_runs_only_its_jobs(fine_run):
-    jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": {"swap": "{other_bio}"}}}))
+    prefills = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())["probes"]["prefills"]
+    jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": {**prefills, "swap": "{other_bio}"}}}))
     n = len(FINE_VARIANTS)  # one decode and one teacher-forced job per variant for the new arm
     assert jobs == {"decode_pass": n, "teacher_forced_pass": n, "tables": 1, "plots": 1, "all": 1}
     # and a changed prefill text re-runs that arm's jobs alone
-    assert planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": {"meta": "I recall the writer."}}})) == jobs
+    changed = {**prefills, "meta": "I recall the writer."}
+    assert planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": changed}})) == jobs
 
 
 def test_fine_grain_new_k_runs_only_its_jobs(fine_run):
@@ -362,11 +367,12 @@ def test_fine_grain_new_k_runs_only_its_jobs(fine_run):
     assert inserted["unlearn"] == 2 and inserted["decode_pass"] == 8  # K=4 new, K=5 from K=4's state
 
 
-def test_fine_grain_hex_sampling_reruns_only_the_hex_units(fine_run):
-    """Of the slice's variants only the base model's group runs the hex
-    probes (the memorization branch does not): one `hex` unit job."""
+def test_fine_grain_hex_sampling_reruns_no_model_job_without_hex_probes(fine_run):
+    """The slice audits no hex canary (`audit.hex_canaries: false`), so no
+    group runs the hex probes and a hex-sampling setting re-runs no model
+    job (the views re-read the records against the new settings' hashes)."""
     jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"decode": {"hit_k": 4}}}))
-    assert jobs == {"decode_pass": 1, "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"tables": 1, "plots": 1, "all": 1}
 
 
 def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
@@ -379,9 +385,9 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     jobs = planned_jobs(smoke_run, override, layer="configs/paper_a.yaml")
     # two never-trained references per (model, seed): BIO and META share one retain form, NONE has its own
     per_model_seed = {"mem": 3, "runs": 4, "references": 2, "variants": 3 + 4 * 4 + 2}
+    # no hex canary audited: no group scores hex records, so no population of them is made
     assert jobs == {
         "synthetic_data": 1,
-        "populations": 1,                        # the base groups score the hex records (no canary LoRA)
         "author_nonmembers": 1,
         "author_reference_lora": 2 * 2 * per_model_seed["references"],
         "memorize": 2 * 2 * per_model_seed["mem"],

@@ -514,13 +514,17 @@ class Design:
         a model without paper A's templates; a memorization group (its
         adapter and unlearning checkpoints, which never saw a hex canary) runs
         the author and retain probes only; the base group, the parent of both
-        papers' variants and home of the hex-canary adapters, runs all."""
+        papers' variants and home of the hex-canary adapters, runs all, and
+        the author probes alone where no hex canary is audited
+        (`audit.hex_canaries: false`: no hex work nobody asked for)."""
         imported = {imp.group: imp for imp in self.imports(model).values()}
         if group in imported:  # an import runs its parent's probe sets
             return self.probe_sets_of(model, self.variants(model)[imported[group].parent].group)
         if not self.templates_of(model) or group.startswith("bsft-"):
             return HEX
-        return ALL_SETS if group == "base" else AUTHOR_SETS
+        if group == "base":
+            return ALL_SETS if self.config["audit"]["hex_canaries"] else AUTHOR_SETS
+        return AUTHOR_SETS
 
     def variant_units(self, model: str, variant: str, kind: str) -> list[str]:
         """The probe units of a variant's `kind` records under the fine grain:
