@@ -6,8 +6,8 @@ counts per rule it planned, each job's start and finish, the step counter)
 and, for every job still running, the last progress line of that job's log
 (training `step 120/300 ... eta 14s`, a probe pass `variant 3/7 ... (eta
 20s)`), and estimates the time left from what the finished jobs of each rule
-took, spread over the run's cores.  It starts nothing and never touches the
-run.
+took, spread over the run's cores (at least the longest ETA a running job
+reports for itself).  It starts nothing and never touches the run.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ STEPS = re.compile(r"^(\d+) of (\d+) steps \((\d+)%\) done$")
 COUNT = re.compile(r"^(\w+)\s+(\d+)$")
 CORES = re.compile(r"^Provided cores: (\d+)$")
 # A job's own progress lines (train/lora.py, cli._run_pass, passes).
+ETA = re.compile(r"eta (\d+(?:\.\d+)?)s")
 PROGRESS = re.compile(r"(step \d+/\d+.*|variant \d+/\d+.*|hit@\d+: .*|decode: .*|teacher-forced: .*)$")
 
 
@@ -153,14 +154,18 @@ def report(workdir: Path, now: datetime | None = None) -> str:
     lines = [f"run log: {run.log}",
              f"{done} of {total} jobs done, {(now - run.first).total_seconds():.0f} s since the run started"]
     running = sorted((j for j in run.jobs.values() if j.finished is None), key=lambda j: j.started)
+    own_eta = 0.0  # the longest ETA a running job reports for itself: the run takes at least that
     for job in running:
         progress = last_progress(Path(workdir) / job.log) if job.log else ""
         since = (now - job.started).total_seconds()
         lines.append(f"  running {job.rule} {job.wildcards} ({since:.0f} s): {progress or 'no progress line yet'}")
+        if m := ETA.search(progress):
+            own_eta = max(own_eta, float(m.group(1)))
     if finished:
         lines.append("finished")
     else:
         left, untimed = remaining_seconds(run)
+        left = max(left, own_eta)
         note = f" (+ {untimed} jobs of rules not yet timed)" if untimed else ""
         lines.append(f"estimated time left: {left:.0f} s{note}")
     return "\n".join(lines)
