@@ -257,6 +257,8 @@ def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False
     `cache_dir` where it has them (provenance.file_digest): one read of a
     file per content, not one per manifest and pass."""
     h = hashlib.sha256(f"merged:{spec.merge_precision}".encode() if merged else b"")
+    if len(adapters) > 1:  # the adapters under the last are merged, in the merge precision
+        h.update(f"stack:{spec.merge_precision}".encode())
     files = sorted(spec.path.glob("*.safetensors")) + [
         Path(a) / "adapter_model.safetensors" for a in adapters
     ]

@@ -44,16 +44,18 @@ PENALTY = 1.0  # L2 strength of the logistic regression (sklearn's C = 1)
 def item_texts(tokens: pl.DataFrame) -> pl.DataFrame:
     """One row per (model, family, modality, arm, item) of the membership
     probe sets: the item's scored text, joined from its token records of one
-    variant (the text does not depend on the weights), and whether it is a
-    member."""
+    variant that scored its probe set (the text does not depend on the
+    weights), and whether it is a member."""
     rows = tokens.filter(pl.col("probe_set").is_in(list(MEMBERSHIP)))
     if rows.is_empty():
         return pl.DataFrame()
     rows = rows.with_columns(model=pl.col("variant").str.split("/").list.first())
-    first = rows.group_by("model").agg(pl.col("variant").min().alias("_first"))
+    # one variant's records per probe set (any variant that scored it: groups score different sets)
+    keys = ["model", "probe_set", "modality", "arm"]
+    first = rows.group_by(keys).agg(pl.col("variant").min().alias("_first"))
     members = [s for s, (_, member) in MEMBERSHIP.items() if member]
     return (
-        rows.join(first, on="model").filter(pl.col("variant") == pl.col("_first"))
+        rows.join(first, on=keys).filter(pl.col("variant") == pl.col("_first"))
         .sort("position")
         .group_by("model", "probe_set", "modality", "arm", "item_id")
         .agg(text=pl.col("text").str.join(""))
