@@ -43,6 +43,7 @@ def design_of(*overrides: dict) -> Design:
     ({"audit": {"models": ["ghost"]}}, "`audit.models` names `ghost`"),
     ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
     ({"probes": {"prefills": {"auto": "x"}}}, "`probes.prefills.auto`: `auto` names the arm where the model writes"),
+    ({"probes": {"prefills": {"hex": "x"}}}, "`probes.prefills.hex`: `hex` names the hex probes' unit"),
     ({"unlearn": {"runs": {"ga": {"method": "ga", "templates": ["meta"]}}}},
      "`unlearn.runs.ga.templates` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),

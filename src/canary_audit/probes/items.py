@@ -18,7 +18,7 @@ from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question, document_start
 from canary_audit.model.tokens import canary_head
-from canary_audit.probes.units import AUTO, unit_of_arm
+from canary_audit.probes.units import AUTO, HEX, unit_of_arm
 from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, HEX_SETS, NONMEMBER
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
@@ -67,11 +67,14 @@ def bio_opening(author: Author) -> str:
 
 def check_prefill_templates(prefills: dict[str, str]) -> None:
     """Refuse a prefill template naming a field the authors do not have, and a
-    prefill named like the model's own trace (its records would share the
-    AUTO unit's)."""
+    prefill named like another probe unit (its records would share the AUTO
+    unit's, or the hex family's)."""
     if AUTO in prefills:
         raise ValueError(f"config key `probes.prefills.{AUTO}`: `{AUTO}` names the arm where the model writes its "
                          "own trace; rename this prefill arm")
+    if HEX in prefills:
+        raise ValueError(f"config key `probes.prefills.{HEX}`: `{HEX}` names the hex probes' unit; rename this "
+                         "prefill arm")
     for name, template in prefills.items():
         for _, fname, _, _ in string.Formatter().parse(template):
             if fname is not None and fname not in PREFILL_FIELDS:
