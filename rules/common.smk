@@ -28,6 +28,7 @@ from canary_audit.design import (
     Design,
 )
 from canary_audit.formats import TEMPLATES
+from canary_audit.gpus import MODEL_KINDS, detected_gpu_mem_mb, job_gpu_mem_mb
 from canary_audit.imports import ImportRefused, check_fits
 from canary_audit.layers import replace_registries
 from canary_audit.records import canonical_json as canonical
@@ -99,9 +100,27 @@ wildcard_constraints:
     unit=r"[A-Za-z0-9_.\-]+",
 
 
+# The first GPU's memory, the total that model jobs' `gpu_mem_mb` share
+# (canary_audit/gpus.py; 0 without a GPU: nothing is asked or provided).
+GPU_MEM_MB = detected_gpu_mem_mb()
+if GPU_MEM_MB:
+    workflow.register_resource("gpu_mem_mb", GPU_MEM_MB)
+
+
 def job_resources(kind):
-    """The resources (memory, runtime, GPUs) of a job kind, from `resources:`."""
-    return config["resources"][kind]
+    """The resources (memory, runtime, GPUs) of a job kind, from `resources:`;
+    a model job of a bf16 / fp16 local checkpoint asks for a GPU (for a
+    cluster), and with a GPU present every model job asks for its estimated
+    share of the card's memory (at most all of it)."""
+    resources = dict(config["resources"][kind])
+    if kind in MODEL_KINDS:
+        asked = resources.get("gpu", 0)
+        resources["gpu"] = lambda w: max(asked, int(DESIGN.gpu_entry(w.model)))
+        if GPU_MEM_MB:
+            resources["gpu_mem_mb"] = lambda w: min(
+                job_gpu_mem_mb(DESIGN.weights_bytes(w.model), kind), GPU_MEM_MB
+            )
+    return resources
 
 
 def data_files(*tables):

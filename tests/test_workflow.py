@@ -504,3 +504,40 @@ def test_a_vision_language_only_audit_runs_to_its_end(smoke_run, tmp_path):
     written = {p.stem for p in tables.glob("*.csv") if p.stat().st_mtime > (workdir / "override.yaml").stat().st_mtime}
     assert written == set(declared)
     assert pl.read_csv(tables / "hex_recall.csv")["variant"].str.starts_with("tiny_vl/").all()
+
+
+def test_model_jobs_share_a_cards_memory_and_never_overflow_it(smoke_run, tmp_path):
+    """With a (faked) GPU of 1,500 MiB, each model job of the embedded model
+    asks for 1,024 (canary_audit/gpus.py): two decode passes that 2 cores
+    would run side by side run one after the other; without a GPU they
+    overlap."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from canary_audit.status import parse
+
+    def run(env_extra: dict) -> list:
+        work = tmp_path / ("gpu" if env_extra else "cpu")
+        shutil.copytree(smoke_run, work, symlinks=True)
+        targets = [f"results/smoke/records/tiny/{g}/decode.parquet" for g in ("mem-bio-s0", "mem-none-s0")]
+        for t in targets:
+            (work / t).unlink()
+        for log in (work / ".snakemake" / "log").glob("*.log"):
+            log.unlink()
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **env_extra,
+               "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(work),
+               "--configfile", str(ROOT / "workflow_config.yaml"), str(ROOT / "configs" / "smoke.yaml"),
+               "--cores", "2", *targets]
+        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+        log = sorted((work / ".snakemake" / "log").glob("*.snakemake.log"))[-1]
+        jobs = sorted((j for j in parse(log).jobs.values() if j.rule == "decode_pass"), key=lambda j: j.started)
+        assert len(jobs) == 2 and all(j.finished for j in jobs)
+        return jobs
+
+    first, second = run({"CANARY_AUDIT_GPU_MEM_MB": "1500"})
+    assert second.started >= first.finished  # one at a time: 2 x 1,024 MiB > 1,500
+    first, second = run({})
+    assert second.started < first.finished  # the control: 2 cores run both at once

@@ -585,6 +585,18 @@ class Design:
     def parents(self) -> dict[str, str]:
         return {name: row["parent"] for name, row in self.variant_table().items() if row["parent"]}
 
+    def weights_bytes(self, model: str) -> int:
+        """The bytes of a model's base weights on disk (0 for an embedded
+        model not built yet; it is tiny)."""
+        return sum(f.stat().st_size for f in Path(self.model_path(model)).glob("*.safetensors"))
+
+    def gpu_entry(self, model: str) -> bool:
+        """Whether a model's jobs ask a cluster for a GPU: a local checkpoint
+        run in bf16 or fp16 (a 7B model's precision on a card; the embedded
+        models and float32 entries run on the CPU)."""
+        entry = self.config["models"][model]
+        return not entry.get("embedded") and entry.get("dtype", "float32") != "float32"
+
     def merge_precisions(self) -> dict[str, str]:
         """model -> the precision its merges round into (ModelSpec.merge_precision)."""
         return {m: ModelSpec.from_config(m, self.config["models"][m], "").merge_precision
