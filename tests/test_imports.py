@@ -81,6 +81,7 @@ def test_missing_folders_and_pickled_weights_are_refused(tmp_path):
     adapter = adapter_folder(tmp_path / "adapter")
     refused(adapter, r"`models.tiny.imports.x.k`: only an unlearning checkpoint", k=3)
     refused(adapter, r"`models.tiny.imports.x.application`: only a bSFT adapter", application="merged")
+    refused(adapter, r"`models.tiny.imports.x.label`: a `changed` import appears under its own name", label="mine")
 
 
 def test_imports_become_variants_of_their_own_group_with_their_parents(tmp_path):

@@ -177,6 +177,7 @@ def test_case_studies_and_merged_vs_stacked_tables():
     assert (wide["merge_precision"], wide["note"]) == ("bfloat16", "")
     # A float32 merge rounds nothing away: the row says it cannot show C4.
     assert "no C4 evidence" in merged_vs_stacked(pooled, {"m": "float32"})["note"][0]
+    assert "merge precision unknown" in merged_vs_stacked(pooled, {})["note"][0]  # said, not left blank
 
 
 def test_build_tables_writes_the_paper_b_tables():

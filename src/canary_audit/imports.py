@@ -103,6 +103,9 @@ def resolve(model: str, name: str, entry: dict) -> Import:
     given = set(entry)
     if form == CHECKPOINT and "on" in given:
         raise ImportRefused(f"config key `{key}.on`: a full checkpoint replaces the weights; `on` is for adapters")
+    if role == "changed" and "label" in given:
+        raise ImportRefused(f"config key `{key}.label`: a `changed` import appears under its own name; `label` names "
+                            "an unlearning run (as: unlearned) or a bSFT source (as: bsft)")
     if role != "unlearned" and "k" in given:
         raise ImportRefused(f"config key `{key}.k`: only an unlearning checkpoint (`as: unlearned`) has a K")
     if "application" in given and not (role == "bsft" and form == ADAPTER):

@@ -18,7 +18,7 @@ from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question, document_start
 from canary_audit.model.tokens import canary_head
-from canary_audit.probes.units import AUTO, HEX, unit_of_arm
+from canary_audit.probes.units import AUTO, GREEDY, HEX, PREAMBLE, unit_of_arm
 from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, HEX_SETS, NONMEMBER
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
@@ -145,7 +145,7 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
         # The prompt stops before the space: byte-level BPE attaches a space to
         # the next word (" TEXTCAN"), so a prompt ending in a bare space would
         # end on a token the model never saw there.
-        items.append(DecodeItem("hex", row.item_id, row.item_id, "greedy", row.context(fmt, vision).rstrip(),
+        items.append(DecodeItem("hex", row.item_id, row.item_id, GREEDY, row.context(fmt, vision).rstrip(),
                                 row.secret, "", row.modality, row.image, row.image_hash))
     return in_unit(items, unit)
 
@@ -270,7 +270,7 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
         text = row.text(fmt, vision)
         s0 = start + len(CANARY_PREFIX)
         items.append(ScoredItem(
-            row.probe_set, row.item_id, row.item_id, "preamble", text,
+            row.probe_set, row.item_id, row.item_id, PREAMBLE, text,
             {"prompt": (0, start), "head": (start, s0), "secret": (s0, s0 + len(row.secret)),
              "continuation": (s0 + len(row.secret), len(text))},
             row.modality, row.image, row.image_hash,

@@ -22,7 +22,7 @@ from canary_audit.model.loading import VariantModels, fingerprint, load_tokenize
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import DecodeItem, ScoredItem, decode_items, scored_items
-from canary_audit.probes.units import probe_units, unit_config, unit_of_arm_expr
+from canary_audit.probes.units import SAMPLED, probe_units, unit_config, unit_of_arm_expr
 from canary_audit.provenance import code_version
 from canary_audit.records import config_hash, conform, to_records
 from canary_audit.special_tokens import VISION_TOKENS
@@ -198,7 +198,7 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
                                        cfg["temperature"], cfg["sample_seed"], cfg["batch_size"],
                                        images=[it.image for it, _ in hexes], vision=vision)
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
-        decoded += [(it, "sampled", j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
+        decoded += [(it, SAMPLED, j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
                     for j, out in enumerate(outs_k)]
     return decoded
 

@@ -25,7 +25,8 @@ HEX = "hex"
 PREFILL = "prefill_"
 # The arms of the hex family's records: greedy and sampled decodes,
 # teacher-forced records behind their preamble.
-HEX_ARMS = ("greedy", "sampled", "preamble")
+GREEDY, SAMPLED, PREAMBLE = "greedy", "sampled", "preamble"
+HEX_ARMS = (GREEDY, SAMPLED, PREAMBLE)
 # Decode settings only the hex probes read (the `hex` unit): changing them
 # touches no author unit.
 HEX_ONLY = frozenset({"hit_k", "temperature", "sample_seed", "hex_max_new_tokens"})

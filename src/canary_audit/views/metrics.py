@@ -12,6 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
+from canary_audit.probes.units import GREEDY, SAMPLED
 from canary_audit.records import HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
 
@@ -42,10 +43,10 @@ def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
     samples were drawn, whether any of the k samples is exact (`hitk`), the
     share of exact samples and k (nulls without samples)."""
     hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit())
-    greedy = hexes.filter(pl.col("arm") == "greedy").select("variant", "item_id", "modality",
+    greedy = hexes.filter(pl.col("arm") == GREEDY).select("variant", "item_id", "modality",
                                                              hit1=pl.col("hit").cast(pl.Float64))
     sampled = (
-        hexes.filter(pl.col("arm") == "sampled")
+        hexes.filter(pl.col("arm") == SAMPLED)
         .group_by("variant", "item_id")
         .agg(k=pl.len(), hitk=pl.col("hit").any().cast(pl.Float64), sampled_share=pl.col("hit").mean())
     )

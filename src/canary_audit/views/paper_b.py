@@ -363,7 +363,9 @@ def merged_vs_stacked(cells: pl.DataFrame, precision: dict[str, str]) -> pl.Data
         **{f"{v}_merged_minus_stacked": pl.col(f"{v}_merged") - pl.col(f"{v}_stacked")
            for v in ("delta_window", "delta_secret", "hit1")},
         merge_precision=merge,
-        note=pl.when(merge == "float32").then(pl.format(
+        note=pl.when(merge.is_null()).then(pl.lit("merge precision unknown: the view config does not record it "
+                                                  "(re-tabulate with the workflow's view_config.json)"))
+        .when(merge == "float32").then(pl.format(
             "a float32 merge keeps the whole update: merged and stacked differ by float noise, no C4 evidence "
             "(set models.{}.merge_dtype: bfloat16)", pl.col("model"))).otherwise(pl.lit("")),
     ).sort("model", "modality", "canary_seed", "source", "step")
