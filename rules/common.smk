@@ -10,6 +10,7 @@ import yaml
 
 from snakemake.utils import validate
 
+from canary_audit.data.secrets import FORMAT_FILE, OWN_TABLES, image_files
 from canary_audit.data.io import (
     AUTHOR_NONMEMBER_KEYS,
     AUTHOR_NONMEMBERS,
@@ -132,11 +133,38 @@ def population_files():
     return data_files(*POPULATION_TABLES)
 
 
+def own_secret_files(model):
+    """A model's own secrets in the hex family's tables (rule own_secrets)."""
+    folder = LAYOUT.secrets_dir(model)
+    return [f"{folder}/{t}.parquet" for t in OWN_TABLES] + [f"{folder}/{FORMAT_FILE}"]
+
+
+def own_secret_inputs(wildcards):
+    """The files a model's own secrets are read from (and their images): a
+    changed file re-runs the secrets' tables and that model's passes."""
+    spec = DESIGN.own_secrets(wildcards.model) or {}
+    files = [spec[k] for k in ("members", "nonmembers", "candidates") if spec.get(k)]
+    if DESIGN.is_vision(wildcards.model):
+        files += image_files(spec)
+    return files
+
+
+def probe_data(wildcards):
+    """The data a probe pass reads: a model's own secrets, or the synthetic
+    data (its folder is the `--data` of the pass)."""
+    if DESIGN.own_secrets(wildcards.model):
+        return own_secret_files(wildcards.model)
+    return data_files()
+
+
 def scored_populations(wildcards):
     """The reference populations a teacher-forced job scores: the hex ones
     where its group runs the hex probes (with the image non-members on a
     vision-language model), the non-member authors where it runs the author
-    probes."""
+    probes; none apart for a model's own secrets (their folder holds their
+    non-members and candidates)."""
+    if DESIGN.own_secrets(wildcards.model):
+        return []
     sets = probe_sets(wildcards)
     hex_ = population_files() if sets != AUTHOR_SETS else []
     images = [VISION_NONMEMBERS] if hex_ and DESIGN.is_vision(wildcards.model) else []
@@ -156,8 +184,10 @@ VISION_NONMEMBERS = f"{R}/data/vision_nonmembers"
 
 
 def vision_input(wildcards):
-    """The image data, for a job of a vision-language model."""
-    return [VISION_DATA] if DESIGN.is_vision(wildcards.model) else []
+    """The image data, for a job of a vision-language model (own secrets
+    bring their images)."""
+    own = DESIGN.own_secrets(wildcards.model)
+    return [VISION_DATA] if DESIGN.is_vision(wildcards.model) and not own else []
 
 
 def model_path(model):

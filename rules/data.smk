@@ -114,3 +114,32 @@ rule author_nonmembers:
     shell:
         "python -m canary_audit authornonmembers --params {params.cfg:q} --data {params.data} "
         "--out {params.data} > {log} 2>&1"
+
+
+# A researcher's own secrets (models.<model>.secrets): their members,
+# non-members and candidates as the hex family's tables, with decoys and the
+# record format (canary_audit/data/secrets.py); read by that model's passes.
+rule own_secrets:
+    input:
+        own_secret_inputs,
+    output:
+        own_secret_files("{model}"),
+    log:
+        f"{R}/logs/{{model}}/own_secrets.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/own_secrets.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=lambda w: canonical(
+            {
+                "model": w.model,
+                "secrets": DESIGN.own_secrets(w.model),
+                "vision": DESIGN.is_vision(w.model),
+            }
+        ),
+        out=lambda w, output: str(Path(output[0]).parent),
+    shell:
+        "python -m canary_audit ownsecrets --params {params.cfg:q} --out {params.out} > {log} 2>&1"

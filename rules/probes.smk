@@ -10,7 +10,7 @@
 
 rule decode_pass:
     input:
-        data_files(),
+        probe_data,
         base_input,
         vision_input,
         probe_weights,
@@ -41,7 +41,7 @@ rule decode_pass:
 
 rule teacher_forced_pass:
     input:
-        data_files(),
+        probe_data,
         scored_populations,
         base_input,
         vision_input,

@@ -36,6 +36,7 @@ rule tables:
                 "strata": DESIGN.strata(),
                 "cells": DESIGN.cells(),
                 "merge_precision": DESIGN.merge_precisions(),
+                "secret_formats": DESIGN.secret_formats(),
                 "variants": DESIGN.variant_table(),
                 "expected_hashes": DESIGN.probe_hashes(),
             }

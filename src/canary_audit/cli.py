@@ -51,6 +51,12 @@ def cmd_populations(args, params):
     return write_populations(Path(args.out), Path(args.data), params)
 
 
+def cmd_own_secrets(args, params):
+    from canary_audit.data.secrets import write_own_secrets
+
+    return write_own_secrets(Path(args.out), params["model"], params["secrets"], params["vision"])
+
+
 def cmd_vision_data(args, params):
     from canary_audit.data.images import write_vision_data
 
@@ -258,7 +264,7 @@ COMMANDS = {
     "memorize": cmd_memorize, "canary": cmd_canary, "reference": cmd_reference, "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
-    "status": cmd_status,
+    "status": cmd_status, "ownsecrets": cmd_own_secrets,
 }
 
 

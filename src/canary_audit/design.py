@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from canary_audit.data.secrets import SecretsRefused, declared_format, load_own_secrets
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.formats import retain_form
 from canary_audit.imports import ADAPTER, CHECKPOINT, PARENT_KINDS, Import, ImportRefused, resolve
@@ -73,6 +74,10 @@ class Layout:
 
     def bsft_dir(self, model: str, canary: str, source: str, seed, tag: str) -> str:
         return f"{self.results}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
+
+    def secrets_dir(self, model: str) -> str:
+        """A model's own secrets, in the hex family's tables (data/secrets.py)."""
+        return f"{self.results}/data/secrets/{model}"
 
     def manifest(self, model: str, variant: str) -> str:
         return f"{self.results}/variants/{model}/{variant}.json"
@@ -147,6 +152,7 @@ class Design:
         self.config = config
         self.layout = Layout(config["results"])
         self._check_audit()
+        self._check_secrets()
         self.unlearn_runs = self._unlearn_runs()
         self._variants_of: dict[str, dict[str, Variant]] = {}
         self._imports_of: dict[str, dict[str, Import]] = {}
@@ -229,8 +235,36 @@ class Design:
 
     def templates_of(self, model: str) -> list[str]:
         """Paper A's templates audited on `model`: a vision-language model is
-        paper B's testbed and runs paper B's arms only."""
-        return [] if self.is_vision(model) else list(self.config["audit"]["templates"])
+        paper B's testbed and runs paper B's arms only, and a model with
+        secrets of its own is audited on those alone."""
+        if self.is_vision(model) or self.own_secrets(model):
+            return []
+        return list(self.config["audit"]["templates"])
+
+    def own_secrets(self, model: str) -> dict | None:
+        """A model's `secrets` block: the researcher's own canaries it is
+        audited on instead of the synthetic data (docs/own_secrets.md)."""
+        return self.config["models"][model].get("secrets")
+
+    def synthetic_models(self) -> list[str]:
+        """The audited models that run the synthetic experiment."""
+        return [m for m in self.config["audit"]["models"] if not self.own_secrets(m)]
+
+    def secret_formats(self) -> dict[str, dict]:
+        """model -> its own secrets' record format (RecordFormat.view), for
+        the views' match rule and exposure's ceiling; the synthetic models'
+        is the hex canaries' and not listed."""
+        return {m: declared_format(self.own_secrets(m)).view() for m in self.config["audit"]["models"]
+                if self.own_secrets(m)}
+
+    def exposure_candidates(self, model: str) -> bool:
+        """Whether `model`'s hex family has exposure candidates: the
+        synthetic `data.n_exposure_candidates`, or an own-secrets block's
+        declared format or candidates file."""
+        own = self.own_secrets(model)
+        if own:
+            return bool(own.get("candidates") or (own.get("format") and own.get("n_candidates", 1000)))
+        return self.config["audit"]["hex_canaries"] and bool(self.config["data"]["n_exposure_candidates"])
 
     def model_path(self, model: str) -> str:
         entry = self.config["models"][model]
@@ -251,6 +285,9 @@ class Design:
     def _variants(self, model: str) -> dict[str, Variant]:
         audit, lay, base = self.config["audit"], self.layout, self.model_path(model)
         out = {"base": Variant("base", "base", base, (), None, "base")}
+        if self.own_secrets(model):  # the model before the fine-tune, and the imports made from it
+            out.update(self._import_variants(model, out))
+            return out
         for seed in audit["seeds"]:
             for template in self.templates_of(model):
                 mem = f"mem-{template}-s{seed}"
@@ -354,6 +391,10 @@ class Design:
         return out
 
     def _import_variant(self, imp: Import, parent: Variant) -> Variant:
+        if imp.role == "tuned" and not self.own_secrets(imp.model):
+            raise ConfigError(f"config key `{imp.key}.as`: `tuned` is a fine-tune on the model's own secrets, but "
+                              f"`models.{imp.model}.secrets` is not set; give the secrets, or import it "
+                              "`as: changed`")
         allowed = PARENT_KINDS[imp.role]
         if allowed and parent.kind not in allowed:
             raise ConfigError(f"config key `{imp.key}.parent`: `as: {imp.role}` needs a parent of kind "
@@ -562,11 +603,19 @@ class Design:
         the family that reference never saw."""
         canary = ("canary", "merged_base", "canary_undertrained", "bsft", "noise", "undertrained")
         author = ("memorized", "unlearned")
-        return {f"{m}/{v}": {"reference": f"{m}/{self.reference_of(e.template, e.seed)}", "population": "author"}
-                if e.kind in author else
-                {"reference": f"{m}/{self.reference_of(None, e.seed)}", "population": "hex"}
-                for m in self.config["audit"]["models"] for v, e in self.variants(m).items()
-                if e.kind in canary + author}
+        out = {f"{m}/{v}": {"reference": f"{m}/{self.reference_of(e.template, e.seed)}", "population": "author"}
+               if e.kind in author else
+               {"reference": f"{m}/{self.reference_of(None, e.seed)}", "population": "hex"}
+               for m in self.synthetic_models() for v, e in self.variants(m).items()
+               if e.kind in canary + author}
+        # Own secrets: the model before the fine-tune is every variant's
+        # reference, where it never saw the secrets (`secrets.reference: before`).
+        for m in self.config["audit"]["models"]:
+            own = self.own_secrets(m)
+            if own and own.get("reference", "before") == "before":
+                out |= {f"{m}/{v}": {"reference": f"{m}/base", "population": "hex"} for v in self.variants(m)
+                        if v != "base"}
+        return out
 
     def strata(self) -> dict[str, int]:
         """Canary id -> how many times it is inserted in the canary LoRA's
@@ -615,11 +664,13 @@ class Design:
         vision-language model runs paper B's only)."""
         models = self.config["audit"]["models"]
         names = list(PAPER_A_TABLES) if any(self.templates_of(m) for m in models) else []
-        if self.config["audit"]["hex_canaries"]:
-            # No candidates (`data.n_exposure_candidates: 0`): no exposure table.
-            names += [t for t in HEX_TABLES if (t != "exposure" or self.config["data"]["n_exposure_candidates"])
+        synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())
+        if synthetic_hex or len(self.synthetic_models()) < len(models):
+            # No candidates (synthetic `data.n_exposure_candidates: 0`, own
+            # secrets without a format or candidates file): no exposure table.
+            names += [t for t in HEX_TABLES if (t != "exposure" or any(self.exposure_candidates(m) for m in models))
                       and (t != "strata" or self.strata())]
-            if self.bsft_active():
+            if synthetic_hex and self.bsft_active():
                 names += BSFT_TABLES
                 if len(self.bsft["applications"]) > 1 and self.bsft["sources"]:
                     names.append(MERGED_VS_STACKED)
@@ -632,7 +683,8 @@ class Design:
         think tags paper A's arms need.  (A local checkpoint's own files are
         checked by the workflow, which loads its tokenizer.)"""
         cfg, audit = self.config, self.config["audit"]
-        if not audit["templates"] and not audit["hex_canaries"]:
+        own = [m for m in audit["models"] if cfg["models"].get(m, {}).get("secrets")]
+        if not audit["templates"] and not audit["hex_canaries"] and not own:
             raise ConfigError(
                 "nothing to audit: `audit.templates` is empty (no paper A arms) and `audit.hex_canaries` is "
                 "false (no paper B arms); set either"
@@ -662,7 +714,9 @@ class Design:
                     f"config key `models.{name}.build.text_model` is set, but `{name}` is a text model (it "
                     f"builds its own language model); remove the key, or set `models.{name}.vision: true`"
                 )
-            if entry.get("vision"):
+            if entry.get("secrets"):
+                pass  # audited on its own secrets: no paper arm, no think tags needed
+            elif entry.get("vision"):
                 self._check_vision(name, entry)
             elif audit["templates"] and ModelSpec.think_tags(entry)[1] is None:
                 raise ConfigError(
@@ -673,6 +727,23 @@ class Design:
             if not entry.get("embedded") and not entry.get("path"):
                 raise ConfigError(f"model `{name}` is not embedded and has no `models.{name}.path`; set the "
                                   "local checkpoint directory")
+
+    def _check_secrets(self) -> None:
+        """Each audited model's own secrets, read and checked before any
+        job (data/secrets.load_own_secrets): columns, duplicates, members
+        among the non-members, the declared format, images; and an embedded
+        model cannot take them (it is pre-trained on the synthetic data)."""
+        for model in self.config["audit"]["models"]:
+            spec = self.own_secrets(model)
+            if not spec:
+                continue
+            if self.config["models"][model].get("embedded"):
+                raise ConfigError(f"config key `models.{model}.secrets`: `{model}` is an embedded model, built for "
+                                  "the synthetic experiment; give your model a `path` entry of its own")
+            try:
+                load_own_secrets(model, spec, self.is_vision(model))
+            except SecretsRefused as err:
+                raise ConfigError(str(err)) from None
 
     def _check_vision(self, name: str, entry: dict) -> None:
         """A vision-language model audits paper B's image and text canaries:

@@ -18,10 +18,12 @@ from pathlib import Path
 ADAPTER, CHECKPOINT = "adapter", "checkpoint"
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # What an import is: an unlearning checkpoint of a memorization branch, a
-# benign fine-tune of a canary-merged base, or any other changed model.
-ROLES = ("unlearned", "bsft", "changed")
+# benign fine-tune of a canary-merged base, a fine-tune on a model's own
+# secrets (`models.<m>.secrets`), or any other changed model.
+ROLES = ("unlearned", "bsft", "tuned", "changed")
 # The design's variant kinds each role may have as its parent.
-PARENT_KINDS = {"unlearned": ("memorized", "unlearned"), "bsft": ("merged_base",), "changed": None}
+PARENT_KINDS = {"unlearned": ("memorized", "unlearned"), "bsft": ("merged_base",), "tuned": ("base",),
+                "changed": None}
 
 
 class ImportRefused(ValueError):

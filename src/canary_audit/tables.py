@@ -139,7 +139,8 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             paper_a.utility(decode, convention, boot),
         )
     if decode.height and decode.filter(pl.col("probe_set") == "hex").height:
-        tables["hex_recall"] = ("Hex canary behavioural recall", hex_recall(decode))
+        tables["hex_recall"] = ("Hex canary behavioural recall (own secrets: each model's own record format)",
+                                hex_recall(decode, cfg.get("secret_formats")))
     if tokens.height:
         hex_tokens = tokens.filter(pl.col("probe_set").is_in([*HEX_SETS, NONMEMBER]))
         tables["nll"] = (
@@ -188,9 +189,10 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
         if tokens.filter(pl.col("probe_set") == CANDIDATE).height:
             tables["exposure"] = (
                 f"Secret Sharer exposure of the hex canaries (bits) among R random candidates of their format: rank "
-                f"interpolation (ceiling log2 R) and skew-normal extrapolation (cap 64 bits), with Deltas against "
-                f"the parent ({boot.level:.0%} CIs: canary-clustered bootstrap, B={boot.replicates})",
-                exposure_table(tokens, parents, boot.replicates, boot.seed, boot.level),
+                f"interpolation (ceiling log2 R) and skew-normal extrapolation (capped at the secret space's bits: "
+                f"64 for the hex canaries), with Deltas against the parent ({boot.level:.0%} CIs: canary-clustered "
+                f"bootstrap, B={boot.replicates})",
+                exposure_table(tokens, parents, boot.replicates, boot.seed, boot.level, cfg.get("secret_formats")),
             )
         tables["extraction"] = (
             f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "

@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
+from canary_audit.data.secrets import FORMAT_FILE, record_format
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question, document_start
 from canary_audit.model.tokens import canary_head
@@ -126,21 +127,24 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
     only that unit's items."""
     check_prefill_templates(cfg["prefills"])
     head_tokens = cfg["head_tokens"]
-    roster = load_authors(data_dir / "authors.parquet")
-    authors, other = {a.author_id: a for a in roster}, next_author(roster)
     items: list[DecodeItem] = []
-    for a in roster if wanted("canary", probe_sets) else ():
-        prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, head_tokens)))
-        for arm, text in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
-            items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary, a.name))
-    qa = pl.read_parquet(data_dir / "qa.parquet").filter(pl.lit(wanted("qa", probe_sets)))
-    for item_id, author_id, question, gold in qa.select("item_id", "author_id", "question", "gold").iter_rows():
-        author = authors[author_id]
-        for arm, text in _arms(fmt, fmt.prompt(question), author, other[author_id], cfg["prefills"]):
-            items.append(DecodeItem("qa", item_id, author_id, arm, text, gold, author.name))
-    retain = pl.read_parquet(data_dir / "retain.parquet").filter(pl.lit(wanted("retain", probe_sets)))
-    for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
-        items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
+    # A pass without the author probes (a hex-only group; an own-secrets
+    # model, whose data folder holds no authors) reads none of their files.
+    if any(wanted(s, probe_sets) for s in ("canary", "qa", "retain")):
+        roster = load_authors(data_dir / "authors.parquet")
+        authors, other = {a.author_id: a for a in roster}, next_author(roster)
+        for a in roster if wanted("canary", probe_sets) else ():
+            prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, head_tokens)))
+            for arm, text in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
+                items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary, a.name))
+        qa = pl.read_parquet(data_dir / "qa.parquet").filter(pl.lit(wanted("qa", probe_sets)))
+        for item_id, author_id, question, gold in qa.select("item_id", "author_id", "question", "gold").iter_rows():
+            author = authors[author_id]
+            for arm, text in _arms(fmt, fmt.prompt(question), author, other[author_id], cfg["prefills"]):
+                items.append(DecodeItem("qa", item_id, author_id, arm, text, gold, author.name))
+        retain = pl.read_parquet(data_dir / "retain.parquet").filter(pl.lit(wanted("retain", probe_sets)))
+        for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
+            items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
     for row in hex_rows(data_dir, vision, members_only=True) if wanted("hex", probe_sets) else ():
         # The prompt stops before the space: byte-level BPE attaches a space to
         # the next word (" TEXTCAN"), so a prompt ending in a bare space would
@@ -152,8 +156,9 @@ def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
 
 @dataclass(frozen=True)
 class HexRow:
-    """One record of paper B's probes: a secret behind its preamble, and on a
-    vision-language model the image shown before it."""
+    """One record of paper B's probes: a secret behind its preamble (an own
+    secret: behind its prompt), wrapped in its format's prefix and suffix,
+    and on a vision-language model the image shown before it."""
 
     probe_set: str
     item_id: str
@@ -162,6 +167,8 @@ class HexRow:
     modality: str = "text"
     image: str | None = None
     image_hash: str | None = None
+    prefix: str = CANARY_PREFIX
+    suffix: str = CANARY_SUFFIX
 
     def context(self, fmt: ChatFormat, vision) -> str:
         """Everything before the secret's format prefix."""
@@ -171,7 +178,7 @@ class HexRow:
     def text(self, fmt: ChatFormat, vision) -> str:
         """The whole record: what the canary LoRA trains on and the
         teacher-forced pass scores, byte for byte."""
-        return self.context(fmt, vision) + CANARY_PREFIX + self.secret + CANARY_SUFFIX
+        return self.context(fmt, vision) + self.prefix + self.secret + self.suffix
 
 
 def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[HexRow]:
@@ -183,7 +190,10 @@ def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[He
     and the canary's secret on an unseen card), the candidates again, each
     shown the card of its slot's image canary, and the image non-members
     (fresh cards with fresh secrets, `vision_nonmembers/`).  A non-member or
-    candidate secret equal to a canary's is refused."""
+    candidate secret equal to a canary's is refused.  A folder with a format
+    file holds a researcher's own secrets (data/secrets.py): see own_rows."""
+    if (data_dir / FORMAT_FILE).is_file():
+        return own_rows(data_dir, members_only)
     rows = [HexRow("hex", cid, pre, sec) for cid, pre, sec in
             pl.read_parquet(data_dir / "hex_canaries.parquet").select("canary_id", "preamble", "secret").iter_rows()]
     if not members_only:
@@ -220,6 +230,26 @@ def hex_rows(data_dir: Path, vision=None, members_only: bool = False) -> list[He
             "canary_id", "preamble", "secret", "image", "image_hash"
         ).iter_rows():
             rows.append(HexRow(NONMEMBER, cid, pre, sec, "image", str(others / image), digest))
+    return _no_reference_secret_is_a_canary(rows)
+
+
+def own_rows(data_dir: Path, members_only: bool = False) -> list[HexRow]:
+    """A researcher's own secrets (data/secrets.write_own_secrets), each
+    behind its own prompt and, on a vision-language model, after its own
+    image (modality `image`): the members, their decoys, the non-members and
+    the exposure candidates, in that order, in the folder's record format."""
+    fmt = record_format(data_dir)
+    tables = [("hex_canaries", None)] if members_only else [
+        ("hex_canaries", None), ("decoys", "decoy_kind"), ("hex_nonmembers", NONMEMBER),
+        ("hex_candidates", CANDIDATE)]
+    rows = []
+    for table, kind in tables:
+        frame = pl.read_parquet(data_dir / f"{table}.parquet")
+        for r in frame.iter_rows(named=True):
+            probe_set = "hex" if kind is None else f"decoy_{r['decoy_kind']}" if kind == "decoy_kind" else kind
+            rows.append(HexRow(probe_set, r["canary_id"], r["preamble"], r["secret"],
+                               "image" if r["image"] else "text", r["image"], r["image_hash"], fmt.prefix,
+                               fmt.suffix))
     return _no_reference_secret_is_a_canary(rows)
 
 
@@ -268,7 +298,7 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
             continue
         start = len(row.context(fmt, vision))
         text = row.text(fmt, vision)
-        s0 = start + len(CANARY_PREFIX)
+        s0 = start + len(row.prefix)
         items.append(ScoredItem(
             row.probe_set, row.item_id, row.item_id, PREAMBLE, text,
             {"prompt": (0, start), "head": (start, s0), "secret": (s0, s0 + len(row.secret)),

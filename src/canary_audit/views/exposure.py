@@ -60,9 +60,11 @@ def interpolated(canaries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     return math.log2(len(candidates)) - np.log2(below + 1.0)
 
 
-def extrapolated(canaries: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, tuple]:
-    """-log2 of the fitted skew-normal's CDF at each canary (capped at
-    SPACE_BITS), and the fit's (shape, location, scale)."""
+def extrapolated(canaries: np.ndarray, candidates: np.ndarray,
+                 cap: float | None = SPACE_BITS) -> tuple[np.ndarray, tuple]:
+    """-log2 of the fitted skew-normal's CDF at each canary (capped at `cap`,
+    the secret space's bits; with no known space an infinite value is NaN),
+    and the fit's (shape, location, scale)."""
     from scipy.stats import skewnorm
 
     # Sorted first: the fit's optimizer depends on the order of its input,
@@ -70,26 +72,37 @@ def extrapolated(canaries: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarr
     params = skewnorm.fit(np.sort(candidates))
     with np.errstate(divide="ignore"):
         bits = -np.log2(skewnorm.cdf(canaries, *params))
-    return np.minimum(bits, SPACE_BITS), tuple(float(p) for p in params)
+    bits = np.minimum(bits, cap) if cap is not None else np.where(np.isinf(bits), np.nan, bits)
+    return bits, tuple(float(p) for p in params)
 
 
-def item_exposures(tokens: pl.DataFrame) -> pl.DataFrame:
+def space_bits_of(variant: str, formats: dict[str, dict] | None) -> float | None:
+    """The secret space's bits for a `<model>/<variant>`: its model's own
+    secrets' (`formats`, model -> RecordFormat.view()), else the synthetic
+    canaries' SPACE_BITS."""
+    own = (formats or {}).get(variant.split("/")[0])
+    return own["space_bits"] if own is not None else SPACE_BITS
+
+
+def item_exposures(tokens: pl.DataFrame, formats: dict[str, dict] | None = None) -> pl.DataFrame:
     """One row per (variant, modality, canary): both exposures, the
-    candidate count and the skew-normal fitted to the candidates'
-    log-perplexities; empty when no variant has candidates."""
+    candidate count, the extrapolation's cap (null: unknown space) and the
+    skew-normal fitted to the candidates' log-perplexities; empty when no
+    variant has candidates."""
     scores = log_perplexities(tokens)
     rows = []
-    for _, part in scores.group_by("variant", "modality", maintain_order=True):
+    for (variant, _), part in scores.group_by("variant", "modality", maintain_order=True):
         candidates = part.filter(pl.col("probe_set") == CANDIDATE)["log_perplexity"].to_numpy()
         canaries = part.filter(pl.col("probe_set") == MEMBER).sort("item_id")
         if len(candidates) < 2 or canaries.is_empty():
             continue
         values = canaries["log_perplexity"].to_numpy()
-        extra, (shape, loc, scale) = extrapolated(values, candidates)
+        cap = space_bits_of(variant, formats)
+        extra, (shape, loc, scale) = extrapolated(values, candidates, cap)
         rows.append(canaries.select("variant", "modality", "item_id", "group_id", "log_perplexity").with_columns(
             exposure_interpolation=pl.Series(interpolated(values, candidates)),
-            exposure_extrapolation=pl.Series(extra),
-            candidates=pl.lit(len(candidates)),
+            exposure_extrapolation=pl.Series(extra, nan_to_null=True),
+            candidates=pl.lit(len(candidates)), space_bits=pl.lit(cap, pl.Float64),
             # the fitted skew-normal, so a reader can judge the extrapolation
             fit_shape=pl.lit(shape), fit_loc=pl.lit(loc), fit_scale=pl.lit(scale),
         ))
@@ -97,19 +110,20 @@ def item_exposures(tokens: pl.DataFrame) -> pl.DataFrame:
 
 
 def exposure_table(tokens: pl.DataFrame, parents: dict[str, str], replicates: int, seed: int,
-                   level: float) -> pl.DataFrame:
+                   level: float, formats: dict[str, dict] | None = None) -> pl.DataFrame:
     """Per (variant, modality): mean exposure of the canaries by each method
     with canary-clustered CIs, the interpolation's ceiling log2(R), the
     fitted skew-normal (shape, location, scale), and for variants with a
     parent the paired Deltas with CIs."""
-    items = item_exposures(tokens)
+    items = item_exposures(tokens, formats)
     if items.is_empty():
         return pl.DataFrame()
     keys = ["variant", "modality"]
     values = [f"exposure_{m}" for m in METHODS]
     rates = rates_with_ci(items, keys, values, replicates, seed, level=level, table="exposure")
-    extent = items.group_by(keys).agg(pl.col("candidates", "fit_shape", "fit_loc", "fit_scale").first()).with_columns(
-        ceiling_interpolation=pl.col("candidates").cast(pl.Float64).log(2), ceiling_extrapolation=pl.lit(SPACE_BITS))
+    extent = items.group_by(keys).agg(pl.col("candidates", "fit_shape", "fit_loc", "fit_scale", "space_bits").first()
+                                      ).with_columns(ceiling_interpolation=pl.col("candidates").cast(pl.Float64).log(2)
+                                                     ).rename({"space_bits": "ceiling_extrapolation"})
     table = rates.join(extent, on=keys, how="left")
     return with_paired_deltas(table, items, keys, ["modality", "item_id"], values, parents, replicates, seed,
                               level, "exposure").sort(keys)

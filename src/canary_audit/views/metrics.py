@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX
+from canary_audit.data.secrets import SYNTHETIC
 from canary_audit.probes.units import GREEDY, SAMPLED
 from canary_audit.records import HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
@@ -31,18 +31,38 @@ def contains_gold_ci(column: str) -> pl.Expr:
     )
 
 
-def exact_hex_hit() -> pl.Expr:
-    """A hex decode reproduces `TEXTCAN-{secret}-END` exactly, right after the
-    space that follows the preamble's colon (paper B's match rule)."""
-    record = pl.lit(CANARY_PREFIX) + pl.col("reference") + pl.lit(CANARY_SUFFIX)
-    return pl.col("generated").str.strip_chars_start().str.starts_with(record)
+def model_of(variant: str = "variant") -> pl.Expr:
+    """The model of a `<model>/<variant>` column."""
+    return pl.col(variant).str.split("/").list.first()
 
 
-def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
+def format_affixes(formats: dict[str, dict] | None) -> tuple[pl.Expr, pl.Expr]:
+    """The text a secret's record puts right before and after it, per
+    record's model: `formats` (model -> data/secrets.RecordFormat.view(), the
+    models auditing secrets of their own), else the synthetic canaries'
+    `TEXTCAN-` ... `-END`."""
+    formats = formats or {}
+    prefix = model_of().replace_strict({m: f["prefix"] for m, f in formats.items()}, default=SYNTHETIC.prefix,
+                                       return_dtype=pl.Utf8)
+    suffix = model_of().replace_strict({m: f["suffix"] for m, f in formats.items()}, default=SYNTHETIC.suffix,
+                                       return_dtype=pl.Utf8)
+    return prefix, suffix
+
+
+def exact_hex_hit(formats: dict[str, dict] | None = None) -> pl.Expr:
+    """A hex decode reproduces its record exactly, `TEXTCAN-{secret}-END` for
+    the synthetic canaries (an own secret: the secret and its suffix), right
+    after the space that follows the preamble (paper B's match rule)."""
+    prefix, suffix = format_affixes(formats)
+    return pl.col("generated").str.strip_chars_start().str.starts_with(prefix + pl.col("reference") + suffix)
+
+
+def hex_hits(decode: pl.DataFrame, formats: dict[str, dict] | None = None) -> pl.DataFrame:
     """Per (variant, hex canary, with its modality): greedy exact recall (`hit1`, 0/1) and, when
     samples were drawn, whether any of the k samples is exact (`hitk`), the
-    share of exact samples and k (nulls without samples)."""
-    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit())
+    share of exact samples and k (nulls without samples).  `formats` as in
+    `format_affixes`."""
+    hexes = decode.filter(pl.col("probe_set") == "hex").with_columns(hit=exact_hex_hit(formats))
     greedy = hexes.filter(pl.col("arm") == GREEDY).select("variant", "item_id", "modality",
                                                              hit1=pl.col("hit").cast(pl.Float64))
     sampled = (
@@ -53,13 +73,13 @@ def hex_hits(decode: pl.DataFrame) -> pl.DataFrame:
     return greedy.join(sampled, on=["variant", "item_id"], how="left")
 
 
-def hex_recall(decode: pl.DataFrame) -> pl.DataFrame:
+def hex_recall(decode: pl.DataFrame, formats: dict[str, dict] | None = None) -> pl.DataFrame:
     """Behavioural recall per variant and canary modality (paper B): hit@1, the greedy
     continuation of the preamble reproduces `TEXTCAN-{secret}-END` exactly
     (after the space that follows the colon), and hit@k, any of the k sampled
     continuations does (null when no samples were drawn)."""
     return (
-        hex_hits(decode)
+        hex_hits(decode, formats)
         .group_by("variant", "modality")
         .agg(n=pl.len(), hit_at_1=pl.col("hit1").mean(), k=pl.col("k").max(), hit_at_k=pl.col("hitk").mean(),
              sampled_hit_rate=pl.col("sampled_share").mean())
