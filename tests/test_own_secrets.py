@@ -259,3 +259,37 @@ def test_the_documented_secrets_example_plans_what_it_shows(tmp_path, doc):
     assert list(variants) == ["base", *entry["imports"]] and variants["tuned"].kind == "tuned"
     assert {r["reference"] for r in design.references().values()} == {"my_model/base"}
     assert "k_sweep" not in design.table_names() and "hex_recall" in design.table_names()
+
+
+def test_own_secrets_on_a_vision_language_model_are_scored_after_their_images(tiny_vl_assets, tmp_path):
+    """An image per row: each own secret is scored after its own image
+    (modality `image`, the file's sha256), its secret span spells the
+    secret, and greedy decoding feeds each prompt its image."""
+    from test_vision import _vl
+
+    from canary_audit.data.secrets import file_sha256
+    from canary_audit.probes.items import decode_items, scored_items
+    from canary_audit.probes.passes import generate_greedy, score_tokens
+
+    data, _ = tiny_vl_assets
+    cards = sorted(str(p) for p in (data / "vision").rglob("*.png"))[:6]
+    secrets = _secrets(6)
+    pl.DataFrame({"prompt": ["Badge code: "] * 3, "secret": secrets[:3], "image": cards[:3]}).write_csv(
+        tmp_path / "members.csv")
+    pl.DataFrame({"prompt": ["Badge code: "] * 3, "secret": secrets[3:], "image": cards[3:]}).write_csv(
+        tmp_path / "nonmembers.csv")
+    spec = {"members": str(tmp_path / "members.csv"), "nonmembers": str(tmp_path / "nonmembers.csv")}
+    write_own_secrets(tmp_path / "own", "vl", spec, vision=True)
+    _, tok, fmt, vision, model = _vl(tiny_vl_assets)
+    items = scored_items(fmt, tmp_path / "own", {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    assert {it.probe_set for it in items} == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember"}
+    records = score_tokens(model, tok, items, batch_size=4, vision=vision)
+    assert set(records["modality"]) == {"image"}
+    first = records.filter((pl.col("probe_set") == "hex") & (pl.col("item_id") == "sec000")).sort("position")
+    assert first["image_hash"][0] == file_sha256(cards[0])
+    assert "".join(first.filter(pl.col("span") == "secret")["text"]) == secrets[0]
+    prompts = decode_items(fmt, tmp_path / "own", {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    assert [it.image for it in prompts] == cards[:3]
+    got, _ = generate_greedy(model, tok, [it.prompt for it in prompts], 4, batch_size=2,
+                             images=[it.image for it in prompts], vision=vision)
+    assert len(got) == 3
