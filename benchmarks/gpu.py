@@ -3,7 +3,9 @@ real-architecture model of ~0.5B parameters built locally from a config
 (random weights: speed does not depend on what the weights know).
 
     python benchmarks/gpu.py                 # Qwen2.5-0.5B shape, bf16, on cuda:0; < 5 minutes on an H100/H200
+    python benchmarks/gpu.py --size 7b       # Qwen2.5-7B shape (15 GB of bf16 weights)
     python benchmarks/gpu.py --size tiny     # a few-layer model on the CPU: checks the script, not the speed
+    python benchmarks/gpu.py --store benchmarks/throughput.json   # the table `canary_audit plan` reads
 
 Prints, for each workload, tokens per second and the model FLOP utilisation
 (MFU = achieved model FLOPs / the device's peak dense bf16 FLOPs, `--peak-tflops`):
@@ -32,6 +34,9 @@ SIZES = {
     # Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 query / 2 key-value heads.
     "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
              "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True},
+    # Qwen2.5-7B's shape (paper A's R1 distillate and paper B's VL language tower).
+    "7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+           "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False},
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
              "num_key_value_heads": 1, "vocab_size": 4096, "tie_word_embeddings": True},
 }
@@ -93,6 +98,7 @@ def report(name: str, tokens: int, seconds: float, flops_per_token: float, peak:
         suffix = f"   peak {torch.cuda.max_memory_allocated() / 2**30:5.1f} GiB"
         torch.cuda.reset_peak_memory_stats()
     print(f"{name:<14} {tokens:>9,d} tokens in {seconds:7.2f} s: {rate:>12,.0f} tokens/s   MFU {mfu:6.1%}{suffix}")
+    return mfu
 
 
 def main() -> int:
@@ -105,6 +111,7 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=64, help="greedy tokens per decode prompt")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--train-steps", type=int, default=20)
+    p.add_argument("--store", help="write the measured MFUs and decode step time here (benchmarks/throughput.json)")
     args = p.parse_args()
 
     import torch
@@ -130,13 +137,14 @@ def main() -> int:
     items = [ScoredItem("hex", f"s{i}", f"s{i}", "preamble", text(args.length), {}) for i in range(args.sequences)]
     with torch.no_grad():
         rows, seconds = timed(lambda: score_tokens(model, tok, items, args.batch_size))
-    report("scoring", len(rows), seconds, 2 * n_flop, args.peak_tflops)
+    scoring_mfu = report("scoring", len(rows), seconds, 2 * n_flop, args.peak_tflops)
 
     # Decode: greedy continuations of short prompts (EOS never wins on random weights).
     prompts = [text(24) for _ in range(args.sequences)]
     (outs, enc), seconds = timed(lambda: generate_greedy(model, tok, prompts, args.new_tokens, args.batch_size,
                                                          eos_id=-1))
     generated = sum(len(ids) for ids, _ in outs)
+    step_ms = 1000 * seconds / (-(-args.sequences // args.batch_size) * args.new_tokens)
     report("decode", generated, seconds, 2 * n_flop, args.peak_tflops)
     prompt_tokens = sum(len(e) for e in enc)
     report("decode+prompt", generated + prompt_tokens, seconds, 2 * n_flop, args.peak_tflops, memory=False)
@@ -157,7 +165,18 @@ def main() -> int:
     sync()
     train_loop(lora, seqs[:128], seqs[128:], cfg, 0, tok.pad_token_id, stats=stats)
     sync()
-    report("LoRA training", stats["tokens"], stats["seconds"], 4 * n_flop, args.peak_tflops)
+    train_mfu = report("LoRA training", stats["tokens"], stats["seconds"], 4 * n_flop, args.peak_tflops)
+    if args.store:
+        import datetime
+        import json
+        from pathlib import Path
+
+        Path(args.store).write_text(json.dumps({
+            "source": f"benchmarks/gpu.py --size {args.size}, run {datetime.date.today()}", "gpu": name,
+            "shape": f"Qwen2 {args.size} ({n_total / 1e6:.0f}M parameters, random weights)", "dtype": str(dtype),
+            "date": str(datetime.date.today()), "peak_tflops": args.peak_tflops, "scoring_mfu": round(scoring_mfu, 6),
+            "train_mfu": round(train_mfu, 6), "decode_step_host_ms": round(step_ms, 2),
+            "decode_engine": "generate_greedy"}, indent=2) + "\n")
     return 0
 
 

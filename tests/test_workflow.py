@@ -19,6 +19,21 @@ pytestmark = pytest.mark.workflow
 MODEL_RULES = set(MODEL_JOBS)
 
 
+def plan_jobs(override: dict | None = None, layer: str = "configs/smoke.yaml") -> dict[str, int]:
+    """Rule -> job count of `python -m canary_audit plan` (plan.job_counts)
+    for the same layers as `planned_jobs`."""
+    from snakemake.utils import validate
+
+    from canary_audit.design import Design
+    from canary_audit.layers import merge
+    from canary_audit.plan import job_counts
+
+    layers = [yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", layer)]
+    config = merge(*layers, override or {})
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    return job_counts(Design(config))
+
+
 def planned_jobs(workdir, override: dict | None = None, layer: str = "configs/smoke.yaml") -> dict[str, int]:
     """Rule -> job count of a dry run with `override` on top of `layer`."""
     extra = ()
@@ -383,6 +398,7 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     override = {"models": {"r1_qwen7b": {"path": base, "dtype": "float32"},
                            "r1_llama8b": {"path": base, "dtype": "float32"}}}
     jobs = planned_jobs(smoke_run, override, layer="configs/paper_a.yaml")
+    assert plan_jobs(override, layer="configs/paper_a.yaml") == jobs  # the cost plan counts the same jobs
     # two never-trained references per (model, seed): BIO and META share one retain form, NONE has its own
     per_model_seed = {"mem": 3, "runs": 4, "references": 2, "variants": 3 + 4 * 4 + 2}
     # no hex canary audited: no group scores hex records, so no population of them is made
@@ -409,6 +425,8 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
     base = str(smoke_run / "results" / "smoke" / "models" / "tiny_vl" / "base")
     jobs = planned_jobs(smoke_run, {"models": {"qwen25vl_7b": {"path": base, "dtype": "float32"}}},
                         layer="configs/paper_b.yaml")
+    assert plan_jobs({"models": {"qwen25vl_7b": {"path": base, "dtype": "float32"}}},
+                     layer="configs/paper_b.yaml") == jobs  # the cost plan counts the same jobs
     assert jobs == {
         "synthetic_data": 1,
         "vision_data": 1,
@@ -541,3 +559,12 @@ def test_model_jobs_share_a_cards_memory_and_never_overflow_it(smoke_run, tmp_pa
     assert second.started >= first.finished  # one at a time: 2 x 1,024 MiB > 1,500
     first, second = run({})
     assert second.started < first.finished  # the control: 2 cores run both at once
+
+
+@pytest.mark.parametrize("layer", ["workflow_config.yaml", "configs/smoke.yaml"])
+def test_the_cost_plan_counts_the_jobs_a_fresh_run_plans(tmp_path, layer):
+    """`plan` counts, per rule, the jobs Snakemake's dry run plans on an
+    empty results folder: the default audit and the smoke audit, both grains."""
+    assert plan_jobs(layer=layer) == planned_jobs(tmp_path, layer=layer)
+    fine = {"grain": "fine"}
+    assert plan_jobs(fine, layer=layer) == planned_jobs(tmp_path, fine, layer=layer)

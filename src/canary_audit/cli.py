@@ -244,6 +244,28 @@ def cmd_tables(args, params):
     )
 
 
+def cmd_plan(args, params):
+    """Print the plan of the config files given (plan.py); `--out` writes it as JSON."""
+    import yaml
+    from snakemake.utils import validate
+
+    from canary_audit.design import Design
+    from canary_audit.layers import merge
+    from canary_audit.plan import THROUGHPUT, load_throughput, model_shape, plan, plan_to_json, render, total_gpu_hours
+
+    config = merge(*(yaml.safe_load(Path(f).read_text()) or {} for f in args.configfile))
+    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
+    design = Design(config)
+    given = dict(item.split("=", 1) for item in args.model_config)
+    shapes = {m: model_shape(design, m, {k: Path(v) for k, v in given.items()}) for m in config["audit"]["models"]}
+    speed = load_throughput(Path(args.throughput) if args.throughput else THROUGHPUT)
+    stages = plan(design, shapes, speed)
+    print(render(stages, speed))
+    if args.out:
+        Path(args.out).write_text(json.dumps(plan_to_json(stages), indent=2))
+    return {"stages": len(stages), "gpu_hours": total_gpu_hours(stages)}
+
+
 def cmd_plots(args, params):
     from canary_audit.plots import write_plots
     from canary_audit.tables import concat_records
@@ -264,7 +286,7 @@ COMMANDS = {
     "memorize": cmd_memorize, "canary": cmd_canary, "reference": cmd_reference, "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
-    "status": cmd_status, "ownsecrets": cmd_own_secrets,
+    "status": cmd_status, "ownsecrets": cmd_own_secrets, "plan": cmd_plan,
 }
 
 
@@ -294,13 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--import-check", help="an imported variant's entry and the base it must fit, as JSON (variant)")
     p.add_argument("--weight-cache", help="folder of cached weight-file digests (variant manifests, probe passes)")
+    p.add_argument("--configfile", nargs="*", default=["workflow_config.yaml"],
+                   help="plan: the config files, layered as snakemake layers them")
+    p.add_argument("--model-config", nargs="*", default=[],
+                   help="plan: MODEL=config.json of a checkpoint not on this machine (its architecture)")
+    p.add_argument("--throughput", help="plan: a throughput table (default benchmarks/throughput.json)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "status" and args.out == [None]:
+    if args.command not in ("status", "plan") and args.out == [None]:
         parser.error(f"--out is required for `{args.command}`")
     if args.command not in ("unlearn", "canary", "bsft"):
         args.out = args.out[0]

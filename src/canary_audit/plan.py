@@ -1,0 +1,342 @@
+"""What a config will cost, before the run: `python -m canary_audit plan
+--configfile workflow_config.yaml configs/paper_a.yaml`.
+
+Per stage: the jobs (from the design, the same list the workflow runs:
+tests compare it with Snakemake's dry run), the sequences each model pass
+scores or decodes, the tokens, the training steps, the model loads, the
+disk written, and GPU-hours estimated from a measured throughput table
+(`benchmarks/throughput.json`, written by `benchmarks/gpu.py`, which names
+the GPU, shape, dtype and date it came from).  It reads the config and the
+checkpoints' `config.json` only (no torch, no data), so it runs in seconds.
+
+The estimates are stated models, not measurements of this config:
+
+- a sequence's length in tokens is the `TOKENS` table's (the synthetic
+  records' typical lengths on a 7B tokenizer; a decode adds its
+  `max_new_tokens`, the bound a length stop reaches);
+- compute-bound work (scoring, training, a decode step's matmuls) takes
+  `2N` (forward) or `4N` (LoRA training: forward, and activation gradients
+  through the frozen weights) FLOPs per token at the measured MFU of that
+  workload, N the model's parameters: the FLOP counts `benchmarks/gpu.py`
+  measures MFU with (an NPO reference forward or gradient checkpointing
+  adds work this leaves out);
+- a greedy decode step takes the longer of its matmul time and the
+  measured per-step host time (the loop's sync and bookkeeping), times
+  `max_new_tokens` steps per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from canary_audit.design import AUTHOR_SETS, HEX, Design
+
+# Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
+# one token each on Qwen's): an author prompt with its prefill, a hex or own
+# record, a bSFT example, a memorization example (question, trace, answer).
+TOKENS = {"author_prompt": 90, "author_scored": 110, "hex_record": 32, "image_tokens": 4, "bsft_example": 128,
+          "memorize_example": 160}
+# Bytes one token record and one decode record take in Parquet (measured on
+# the default run's records, rounded up).
+RECORD_BYTES = {"token": 60, "decode": 300}
+THROUGHPUT = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.json"
+
+
+@dataclass
+class Stage:
+    """One line of the plan."""
+
+    stage: str
+    jobs: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    train_steps: int = 0
+    loads: int = 0
+    disk_bytes: int = 0
+    gpu_seconds: float | None = 0.0  # None: some model's work has no GPU estimate (an embedded model)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs of a model: its parameters and the LoRA size per rank."""
+
+    params: float
+    lora_per_rank: float  # LoRA parameters per unit of rank over every projection of every layer
+    bytes_per_param: int
+
+    @classmethod
+    def from_config(cls, cfg: dict, dtype: str) -> Shape:
+        text = cfg.get("text_config", cfg)
+        h, layers, inter = text["hidden_size"], text["num_hidden_layers"], text["intermediate_size"]
+        heads = text["num_attention_heads"]
+        kv = (h // heads) * text.get("num_key_value_heads", heads)
+        vocab = text["vocab_size"]
+        per_layer = 2 * h * h + 2 * h * kv + 3 * h * inter
+        embed = vocab * h * (1 if text.get("tie_word_embeddings", False) else 2)
+        lora = layers * ((h + h) * 2 + (h + kv) * 2 + (h + inter) * 3)
+        return cls(layers * per_layer + embed, lora, 4 if dtype == "float32" else 2)
+
+
+def model_shape(design: Design, model: str, given: dict[str, Path]) -> Shape | None:
+    """A model's shape from its checkpoint's config.json (or one given for a
+    checkpoint not on this machine); None for an embedded model not built."""
+    entry = design.config["models"][model]
+    path = given.get(model) or Path(design.model_path(model)) / "config.json"
+    if not Path(path).is_file():
+        if entry.get("embedded"):
+            return None
+        raise FileNotFoundError(f"model `{model}`: no config.json at `{path}`; pass `--model-config "
+                                f"{model}=<a config.json of its architecture>` to plan before the checkpoint is here")
+    return Shape.from_config(json.loads(Path(path).read_text()), entry.get("dtype", "float32"))
+
+
+def job_counts(design: Design) -> dict[str, int]:
+    """Rule -> jobs, as the workflow plans them on a fresh results folder."""
+    cfg, fine = design.config, design.config["grain"] == "fine"
+    jobs: dict[str, int] = {}
+
+    def add(rule: str, n: int = 1) -> None:
+        if n:
+            jobs[rule] = jobs.get(rule, 0) + n
+
+    models = cfg["audit"]["models"]
+    synthetic = design.synthetic_models()
+    sets = {(m, g): design.probe_sets_of(m, g) for m in models for g in design.probe_groups(m)}
+    embedded = {m for m in models if cfg["models"][m].get("embedded")}
+    embedded |= {design.text_model_of(m) for m in embedded if design.is_vision(m)}
+    if synthetic or embedded:
+        add("synthetic_data")
+    if any(s != HEX for (m, _), s in sets.items() if m in synthetic):
+        add("author_nonmembers")
+    hex_synth = [m for (m, _), s in sets.items() if m in synthetic and s != AUTHOR_SETS]
+    if hex_synth:
+        add("populations")
+    vision = [m for m in synthetic if design.is_vision(m)]
+    if vision:
+        add("vision_data")
+        if any(m in vision for m in hex_synth):
+            add("vision_nonmembers")
+    for m in models:
+        if design.own_secrets(m):
+            add("own_secrets")
+    add("embedded_base", len([m for m in embedded if not design.is_vision(m)]))
+    add("embedded_vision_base", len([m for m in embedded if design.is_vision(m)]))
+    for m in models:
+        variants = design.variants(m).values()
+        add("memorize", sum(v.kind == "memorized" for v in variants))
+        add("author_reference_lora", sum(v.kind == "reference" and v.template is not None for v in variants))
+        add("reference_lora", sum(v.kind == "reference" and v.template is None for v in variants))
+        add("canary_lora", sum(v.kind == "canary" for v in variants))
+        runs = {v.adapters[-1].rsplit("/", 1)[0] for v in variants if v.kind in ("bsft", "noise", "undertrained")
+                and not v.cell["cell"].startswith("import ")}
+        add("bsft", len(runs))
+        unlearned = [v for v in variants if v.kind == "unlearned" and v.method != "import"]
+        add("unlearn", len(unlearned) if fine else len({(v.run, v.template, v.seed) for v in unlearned}))
+        add("variant_manifest", len(design.variants(m)))
+    add("decode_pass", len(design.records_files("decode", fine)))
+    add("teacher_forced_pass", len(design.records_files("token", fine)))
+    for rule in ("tables", "plots", "all"):
+        add(rule)
+    return jobs
+
+
+def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
+    """Per variant of a probe group: greedy decodes, sampled decodes, and
+    teacher-forced sequences (items.py's items, counted from the config)."""
+    cfg, sets = design.config, design.probe_sets_of(model, group)
+    data, probes = cfg["data"], cfg["probes"]
+    arms = len(probes["prefills"])
+    greedy = sampled = scored = 0
+    if sets != HEX:  # author probes: canary and 3 QA per author under AUTO and every prefill; retain once
+        greedy += data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
+        scored += (data["n_authors"] + data["n_author_nonmembers"]) * arms
+    if sets != AUTHOR_SETS:
+        own = design.own_secrets(model)
+        if own:
+            n, others, cands = _own_counts(own)
+            greedy += n
+            sampled += n * probes["decode"]["hit_k"]
+            scored += n * 3 + others + cands
+        else:
+            n = data["n_hex_canaries"]
+            cands = data["n_exposure_candidates"]
+            greedy += n
+            sampled += n * probes["decode"]["hit_k"]
+            scored += n * 3 + data["n_hex_nonmembers"] + cands
+            if design.is_vision(model):
+                images = data["n_image_canaries"]
+                greedy += images
+                sampled += images * probes["decode"]["hit_k"]
+                scored += images * 4 + cands + data["n_hex_nonmembers"]
+    return {"greedy": greedy, "sampled": sampled, "scored": scored}
+
+
+def _own_counts(spec: dict) -> tuple[int, int, int]:
+    """(members, non-members, candidates) of an own-secrets block."""
+    from canary_audit.data.secrets import COLUMNS, read_table
+
+    members = read_table(spec["members"], "members", COLUMNS).height
+    others = read_table(spec["nonmembers"], "nonmembers", COLUMNS).height
+    if spec.get("candidates"):
+        cands = read_table(spec["candidates"], "candidates", ("secret",)).height
+    else:
+        cands = spec.get("n_candidates", 1000) if spec.get("format") else 0
+    return members, others, cands
+
+
+def load_throughput(path: Path = THROUGHPUT) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def seconds(flops_per_token: float, tokens: float, speed: dict, workload: str) -> float:
+    """Seconds for `tokens` at the measured MFU of `workload`."""
+    return flops_per_token * tokens / (speed["peak_tflops"] * 1e12 * speed[f"{workload}_mfu"])
+
+
+def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[Stage]:
+    """The plan's stages, in the workflow's order."""
+    cfg = design.config
+    jobs = job_counts(design)
+    fine = cfg["grain"] == "fine"
+    stages = {name: Stage(name) for name in ("data", "base", "train", "manifests", "decode", "teacher_forced",
+                                             "tables")}
+    for rule in ("synthetic_data", "author_nonmembers", "populations", "vision_data", "vision_nonmembers",
+                 "own_secrets"):
+        stages["data"].jobs += jobs.get(rule, 0)
+    for rule in ("embedded_base", "embedded_vision_base"):
+        stages["base"].jobs += jobs.get(rule, 0)
+    for model in cfg["models"]:
+        entry = cfg["models"][model]
+        if entry.get("embedded") and not entry.get("vision") and jobs.get("embedded_base"):
+            pre = entry["build"]["pretrain"]
+            stages["base"].train_steps += pre["steps"]  # the embedded model's pre-training (CPU-sized)
+    stages["manifests"].jobs = jobs.get("variant_manifest", 0)
+    stages["tables"].jobs = sum(jobs.get(r, 0) for r in ("tables", "plots", "all"))
+    for model in cfg["audit"]["models"]:
+        shape = shapes.get(model)
+        n = shape.params if shape else 0.0
+        if shape is None:  # an embedded model (not built yet, CPU-sized): no GPU estimate, not a zero
+            for name in ("train", "decode", "teacher_forced"):
+                stages[name].gpu_seconds = None
+        weights = int(n * shape.bytes_per_param) if shape else 0
+        variants = design.variants(model)
+        train = stages["train"]
+        for v in variants.values():
+            steps, batch, length, r = _training(design, v)
+            if not steps:
+                continue
+            train.train_steps += steps
+            train.tokens += steps * batch * length
+            train.gpu_seconds = _add(train.gpu_seconds, seconds(4 * n, steps * batch * length, speed, "train"))
+            train.disk_bytes += int(shape.lora_per_rank * r * shape.bytes_per_param) if shape else 0
+        merged = [v for v in variants.values() if v.kind == "merged_base"]
+        train.disk_bytes += weights * len(merged)
+        for group, names in design.probe_groups(model).items():
+            counts = pass_sequences(design, model, group)
+            bases = len({variants[v].base for v in names})
+            loads = bases if not fine else len(names) * len(design.variant_units(model, names[0], "decode"))
+            decode, scored = stages["decode"], stages["teacher_forced"]
+            decode.loads += loads
+            scored.loads += bases if not fine else len(names) * len(design.variant_units(model, names[0], "token"))
+            for _ in names:
+                hexes = counts["greedy"] + counts["sampled"]
+                authors = _author_greedy(design, model, group)
+                steps = _decode_steps(authors, cfg["probes"]["decode"]["max_new_tokens"],
+                                      cfg["probes"]["decode"]["batch_size"])
+                steps += _decode_steps(hexes - authors, cfg["probes"]["decode"]["hex_max_new_tokens"],
+                                       cfg["probes"]["decode"]["batch_size"])
+                decode.sequences += counts["greedy"] + counts["sampled"]
+                new = (authors * cfg["probes"]["decode"]["max_new_tokens"]
+                       + (hexes - authors) * cfg["probes"]["decode"]["hex_max_new_tokens"])
+                decode.tokens += new
+                matmul = seconds(2 * n, cfg["probes"]["decode"]["batch_size"], speed, "scoring")
+                decode.gpu_seconds = _add(decode.gpu_seconds, steps * max(matmul, speed["decode_step_host_ms"] / 1000))
+                decode.disk_bytes += (counts["greedy"] + counts["sampled"]) * RECORD_BYTES["decode"]
+                tokens = _scored_tokens(design, model, group, counts)
+                scored.sequences += counts["scored"]
+                scored.tokens += tokens
+                scored.gpu_seconds = _add(scored.gpu_seconds, seconds(2 * n, tokens, speed, "scoring"))
+                scored.disk_bytes += tokens * RECORD_BYTES["token"]
+    stages["train"].jobs = sum(jobs.get(r, 0) for r in ("memorize", "author_reference_lora", "reference_lora",
+                                                        "canary_lora", "bsft", "unlearn"))
+    stages["decode"].jobs = jobs.get("decode_pass", 0)
+    stages["teacher_forced"].jobs = jobs.get("teacher_forced_pass", 0)
+    return list(stages.values())
+
+
+def _add(total: float | None, more: float) -> float | None:
+    return None if total is None else total + more
+
+
+def _hours(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 3600:.2f}"
+
+
+def _author_greedy(design: Design, model: str, group: str) -> int:
+    data, arms = design.config["data"], len(design.config["probes"]["prefills"])
+    return 0 if design.probe_sets_of(model, group) == HEX else data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
+
+
+def _decode_steps(sequences: int, max_new: int, batch: int) -> int:
+    return math.ceil(sequences / batch) * max_new if sequences else 0
+
+
+def _scored_tokens(design: Design, model: str, group: str, counts: dict) -> int:
+    data, arms = design.config["data"], len(design.config["probes"]["prefills"])
+    authors = 0 if design.probe_sets_of(model, group) == HEX else (
+        (data["n_authors"] + data["n_author_nonmembers"]) * arms)
+    per_hex = TOKENS["hex_record"] + (TOKENS["image_tokens"] if design.is_vision(model) else 0)
+    return authors * TOKENS["author_scored"] + (counts["scored"] - authors) * per_hex
+
+
+def _training(design: Design, v) -> tuple[int, int, int, int]:
+    """(steps, sequences per step, tokens per sequence, LoRA rank) of the job
+    that trains variant `v`'s last adapter; zeros where it trains nothing
+    (a base, an import, a merged base, a bSFT checkpoint other than the run's
+    last, an unlearning checkpoint other than the run's last)."""
+    cfg = design.config
+    if v.kind in ("memorized",) or (v.kind == "reference" and v.template is not None):
+        m = cfg["memorize"]
+        return m["steps"], m["batch_forget"] + m["batch_retain"], TOKENS["memorize_example"], m["r"]
+    if v.kind in ("canary",) or (v.kind == "reference" and v.template is None):
+        c = cfg["canary_lora"]
+        return c["steps"], c["batch_forget"] + c["batch_retain"], TOKENS["hex_record"], c["r"]
+    if v.kind == "unlearned" and v.method != "import" and v.k == max(cfg["unlearn"]["k"]):
+        u = cfg["unlearn"]
+        return v.k, u["batch_forget"] + u["batch_retain"], TOKENS["memorize_example"], cfg["memorize"]["r"]
+    if v.kind in ("bsft", "undertrained") and v.cell and v.cell["step"] == max(cfg["bsft"]["steps"]) \
+            and v.cell["application"] == cfg["bsft"]["applications"][0] and not v.cell["cell"].startswith("import"):
+        b = cfg["bsft"]
+        return v.cell["step"], b["batch_size"], TOKENS["bsft_example"], b["r"]
+    return 0, 0, 0, 0
+
+
+def render(stages: list[Stage], speed: dict) -> str:
+    """The plan as a Markdown table, with the throughput it assumed."""
+    head = ("| stage | jobs | sequences | tokens | training steps | model loads | disk written | "
+            "GPU-hours |\n|---|---|---|---|---|---|---|---|\n")
+    rows = "".join(
+        f"| {s.stage} | {s.jobs} | {s.sequences:,} | {s.tokens:,} | {s.train_steps:,} | {s.loads} | "
+        f"{s.disk_bytes / 1e9:.2f} GB | {_hours(s.gpu_seconds)} |\n" for s in stages)
+    total = total_gpu_hours(stages)
+    shown = "n/a (embedded models: CPU-sized, no GPU estimate)" if total is None else f"{total:.1f}"
+    rows += (f"| **total** | {sum(s.jobs for s in stages)} | | | {sum(s.train_steps for s in stages):,} | | "
+             f"{sum(s.disk_bytes for s in stages) / 1e9:.2f} GB | **{shown}** |\n")
+    source = (f"\nGPU-hours from `{speed['source']}`: {speed['gpu']}, {speed['shape']} {speed['dtype']}, "
+              f"{speed['date']} (MFU scoring {speed['scoring_mfu']:.1%}, training {speed['train_mfu']:.1%}; "
+              f"a decode step >= {speed['decode_step_host_ms']} ms of host work); sequence lengths assumed "
+              f"{json.dumps(TOKENS)}.\n")
+    return head + rows + source
+
+
+def total_gpu_hours(stages: list[Stage]) -> float | None:
+    if any(s.gpu_seconds is None for s in stages):
+        return None
+    return sum(s.gpu_seconds for s in stages) / 3600
+
+
+def plan_to_json(stages: list[Stage]) -> list[dict]:
+    return [asdict(s) for s in stages]

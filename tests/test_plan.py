@@ -1,0 +1,72 @@
+"""The cost plan (`python -m canary_audit plan`): its sequence counts are
+the items the passes build, its shapes the checkpoints' parameter counts,
+and a model it cannot size is named.  (Its job counts are compared with
+Snakemake's dry runs in test_workflow.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from test_design import design_of
+
+from canary_audit.plan import Shape, job_counts, load_throughput, model_shape, pass_sequences, plan, render
+
+TINY_DATA = {"n_authors": 4, "n_retain": 8, "n_hex_canaries": 3, "n_hex_nonmembers": 4, "n_exposure_candidates": 5,
+             "n_author_nonmembers": 3}
+
+
+def test_the_plans_sequences_are_the_items_the_passes_build(tiny_assets):
+    from transformers import AutoTokenizer
+
+    from canary_audit.formats import ChatFormat
+    from canary_audit.probes.items import decode_items, scored_items
+
+    data, model = tiny_assets
+    design = design_of({"data": TINY_DATA})
+    tok = AutoTokenizer.from_pretrained(model)
+    fmt = ChatFormat(tok, "<think>", "</think>")
+    cfg = {"prefills": design.config["probes"]["prefills"], "head_tokens": 6}
+    for group in design.probe_groups("tiny"):
+        sets = design.probe_sets_of("tiny", group)
+        wanted = None if sets == "all" else set(sets.split())
+        counts = pass_sequences(design, "tiny", group)
+        decodes = decode_items(fmt, data, cfg, wanted)
+        hexes = sum(it.probe_set == "hex" for it in decodes)
+        assert counts["greedy"] == len(decodes), group
+        assert counts["sampled"] == hexes * design.config["probes"]["decode"]["hit_k"], group
+        assert counts["scored"] == len(scored_items(fmt, data, cfg, wanted)), group
+
+
+def test_a_checkpoints_shape_gives_its_parameter_count(tmp_path):
+    qwen = json.loads((ROOT / "benchmarks" / "shapes" / "qwen2.5-7b.json").read_text())
+    llama = json.loads((ROOT / "benchmarks" / "shapes" / "llama-3.1-8b.json").read_text())
+    assert Shape.from_config(qwen, "bfloat16").params == pytest.approx(7.62e9, rel=0.01)  # Qwen2.5-7B: 7.62B
+    assert Shape.from_config(llama, "bfloat16").params == pytest.approx(8.03e9, rel=0.01)  # Llama-3.1-8B: 8.03B
+    design = design_of({"models": {"mine": {"path": str(tmp_path / "absent")}}, "audit": {"models": ["mine"]}})
+    with pytest.raises(FileNotFoundError, match=r"model `mine`: no config.json .* pass `--model-config mine="):
+        model_shape(design, "mine", {})
+
+
+def test_the_plan_of_a_sized_model_has_gpu_hours_and_the_embedded_one_none(tmp_path):
+    (tmp_path / "config.json").write_text((ROOT / "benchmarks" / "shapes" / "qwen2.5-7b.json").read_text())
+    design = design_of({"models": {"mine": {"path": str(tmp_path), "dtype": "bfloat16"}},
+                        "audit": {"models": ["mine"]}})
+    speed = load_throughput()
+    stages = plan(design, {"mine": model_shape(design, "mine", {})}, speed)
+    assert all(s.gpu_seconds is not None for s in stages) and sum(s.gpu_seconds for s in stages) > 0
+    assert sum(s.jobs for s in stages) == sum(job_counts(design).values())
+    embedded = plan(design_of(), {"tiny": None}, speed)
+    assert "n/a" in render(embedded, speed)
+
+
+def test_the_plan_command_prints_in_seconds():
+    out = subprocess.run([sys.executable, "-m", "canary_audit", "plan", "--configfile", "workflow_config.yaml",
+                          "configs/paper_a.yaml", "--model-config", "r1_qwen7b=benchmarks/shapes/qwen2.5-7b.json",
+                          "r1_llama8b=benchmarks/shapes/llama-3.1-8b.json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
+    assert out.returncode == 0, out.stderr
+    assert "| decode | 14 | 87,720 |" in out.stdout and "H200" in out.stdout
