@@ -185,7 +185,8 @@ def test_span_priority():
 
 def test_decode_records_carry_provenance(tiny_assets, spec):
     data, _ = tiny_assets
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "max_new_tokens": 8,
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
+           "engine": "continuous", "max_new_tokens": 8,
            "batch_size": 16, "threads": 1}
     frame = decode_pass(spec, [], data, cfg, "tiny/base")
     assert set(frame["arm"]) == {"auto", "prefill_bio", "greedy"}
@@ -203,7 +204,8 @@ def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets
     a pass over every unit, and a second prefill arm changes neither."""
     data, _ = tiny_assets
     run = decode_pass if kind == "decode" else teacher_forced_pass
-    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6, "max_new_tokens": 8,
+    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6,
+           "engine": "continuous", "max_new_tokens": 8,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
     whole = run(spec, [], data, cfg, "tiny/base")
 
@@ -225,7 +227,8 @@ def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets
 
 def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):
     data, _ = tiny_assets
-    cfg = {"prefills": {}, "head_tokens": 6, "max_new_tokens": 6, "batch_size": 16, "threads": 1,
+    cfg = {"prefills": {}, "head_tokens": 6,
+           "engine": "continuous", "max_new_tokens": 6, "batch_size": 16, "threads": 1,
            "hit_k": 3, "temperature": 1.0, "sample_seed": 7}
     frame = decode_pass(spec, [], data, cfg, "tiny/base")
     sampled = frame.filter(pl.col("arm") == "sampled")
@@ -242,7 +245,8 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
     hex canaries greedy and sampled, within `hex_max_new_tokens`, and nothing
     that needs a trace."""
     data, _ = tiny_assets
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "max_new_tokens": 30, "hex_max_new_tokens": 4,
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
+           "engine": "continuous", "max_new_tokens": 30, "hex_max_new_tokens": 4,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 0}
     plain = ModelSpec("tiny", spec.path, think_open=None, think_close=None)
     frame = decode_pass(plain, [], data, cfg, "tiny/base", probe_sets={"hex"})
@@ -277,7 +281,8 @@ def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec,
         shipped / "generation_config.json").exists() else {}
     config |= {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2, "top_k": 5, "top_p": 0.5}
     (shipped / "generation_config.json").write_text(json.dumps(config))
-    cfg = {"prefills": {}, "head_tokens": 6, "max_new_tokens": 6, "hex_max_new_tokens": 24, "batch_size": 16,
+    cfg = {"prefills": {}, "head_tokens": 6,
+           "engine": "continuous", "max_new_tokens": 6, "hex_max_new_tokens": 24, "batch_size": 16,
            "threads": 1, "hit_k": 4, "temperature": 1.0, "sample_seed": 5}
 
     def samples(model_spec):
@@ -316,7 +321,8 @@ def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads
 
     data, _ = tiny_assets
     run = decode_pass if kind == "decode" else teacher_forced_pass
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "max_new_tokens": 8, "hex_max_new_tokens": 8,
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
+           "engine": "continuous", "max_new_tokens": 8, "hex_max_new_tokens": 8,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
     a, b = random_adapters
     sequence = [([], False), ([a], False), ([], False), ([b], False), ([a], True), ([b], False)]

@@ -57,7 +57,8 @@ def manifest(tmp_path, model_dir, fp=None):
 
 def run_decode(tiny_assets, tmp_path, manifest_path):
     data, model = tiny_assets
-    params = {"prefills": {}, "head_tokens": 6, "max_new_tokens": 4, "hex_max_new_tokens": 4, "batch_size": 16,
+    params = {"prefills": {}, "head_tokens": 6,
+              "engine": "continuous", "max_new_tokens": 4, "hex_max_new_tokens": 4, "batch_size": 16,
               "hit_k": 0, "temperature": 1.0, "sample_seed": 0}
     out = tmp_path / "decode.parquet"
     cli.main(["decode", "--model", json.dumps({"name": "tiny", "path": str(model)}), "--params", json.dumps(params),

@@ -58,6 +58,8 @@ def length_sorted_batches(lengths: list[int], batch_size: int) -> list[list[int]
 def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
                     eos_id: int | None = None, images: list[str | None] | None = None, vision=None):
     """Greedy continuations of `prompts`: (generated ids without padding, hit_eos) each.
+    The reference loop (`probes.decode.engine: loop`); the default engine is
+    engine.greedy_continuous, which tests hold to this loop's outputs.
 
     Length-sorted batches, left padding and a KV cache, as `generate` does,
     but a row that has written EOS leaves the batch (its cache rows are
@@ -183,11 +185,14 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
     # own, smaller budget, so a canary the model does not end costs ~20
     # steps, not a reasoning trace's worth.
     hex_max = cfg.get("hex_max_new_tokens", cfg["max_new_tokens"])
+    from canary_audit.probes.engine import greedy_continuous
+
     decoded = []
+    greedy = greedy_continuous if cfg["engine"] == "continuous" else generate_greedy
     for is_hex, budget in ((False, cfg["max_new_tokens"]), (True, hex_max)):
         part = [it for it in items if (it.probe_set == "hex") == is_hex]
-        outs, enc = generate_greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"],
-                                    images=[it.image for it in part], vision=vision)
+        outs, enc = greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"],
+                           images=[it.image for it in part], vision=vision)
         decoded += [(it, it.arm, 0, out, ids) for it, out, ids in zip(part, outs, enc)]
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
     k = cfg.get("hit_k", 0)
