@@ -469,3 +469,13 @@ def test_the_readme_stays_short_and_points_only_at_pages_that_exist():
     assert len(text.splitlines()) < 250
     for page in set(re.findall(r"docs/[\w.-]+\.(?:md|png)", text)):
         assert (ROOT / page).is_file(), page
+
+
+def test_the_rules_conda_environment_holds_the_requirements_and_the_package():
+    """envs/canary-audit.yaml (the rules' `conda:` directive; not a tested
+    install route) pins what requirements.txt pins and installs this
+    package from the checkout, so its rules need no PYTHONPATH."""
+    env = yaml.safe_load((ROOT / "envs" / "canary-audit.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert "-r requirements.txt" in pip and "--no-deps -e .." in pip
+    assert (ROOT / "envs" / ".." / "pyproject.toml").is_file()
