@@ -293,3 +293,12 @@ def test_own_secrets_on_a_vision_language_model_are_scored_after_their_images(ti
     got, _ = generate_greedy(model, tok, [it.prompt for it in prompts], 4, batch_size=2,
                              images=[it.image for it in prompts], vision=vision)
     assert len(got) == 3
+
+
+def test_the_secrets_defaults_are_the_schemas():
+    from test_design import SCHEMA
+
+    from canary_audit.data.secrets import DEFAULTS
+
+    block = SCHEMA["definitions"]["model_entry"]["properties"]["secrets"]["properties"]
+    assert {k: block[k]["default"] for k in DEFAULTS} == DEFAULTS

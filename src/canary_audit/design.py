@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from canary_audit.data.secrets import SecretsRefused, declared_format, load_own_secrets
+from canary_audit.data.secrets import SecretsRefused, candidate_count, declared_format, load_own_secrets, setting
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.formats import retain_form
 from canary_audit.imports import ADAPTER, CHECKPOINT, PARENT_KINDS, Import, ImportRefused, resolve
@@ -263,7 +263,7 @@ class Design:
         declared format or candidates file."""
         own = self.own_secrets(model)
         if own:
-            return bool(own.get("candidates") or (own.get("format") and own.get("n_candidates", 1000)))
+            return bool(own.get("candidates")) or candidate_count(own) > 0
         return self.config["audit"]["hex_canaries"] and bool(self.config["data"]["n_exposure_candidates"])
 
     def model_path(self, model: str) -> str:
@@ -612,7 +612,7 @@ class Design:
         # reference, where it never saw the secrets (`secrets.reference: before`).
         for m in self.config["audit"]["models"]:
             own = self.own_secrets(m)
-            if own and own.get("reference", "before") == "before":
+            if own and setting(own, "reference") == "before":
                 out |= {f"{m}/{v}": {"reference": f"{m}/base", "population": "hex"} for v in self.variants(m)
                         if v != "base"}
         return out

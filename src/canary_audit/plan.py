@@ -176,15 +176,11 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
 
 def _own_counts(spec: dict) -> tuple[int, int, int]:
     """(members, non-members, candidates) of an own-secrets block."""
-    from canary_audit.data.secrets import COLUMNS, read_table
+    from canary_audit.data.secrets import COLUMNS, candidate_count, read_table
 
     members = read_table(spec["members"], "members", COLUMNS).height
     others = read_table(spec["nonmembers"], "nonmembers", COLUMNS).height
-    if spec.get("candidates"):
-        cands = read_table(spec["candidates"], "candidates", ("secret",)).height
-    else:
-        cands = spec.get("n_candidates", 1000) if spec.get("format") else 0
-    return members, others, cands
+    return members, others, candidate_count(spec)
 
 
 def load_throughput(path: Path = THROUGHPUT) -> dict:

@@ -35,6 +35,23 @@ FORMAT_FILE = "format.json"
 OWN_TABLES = ("hex_canaries", "decoys", "hex_nonmembers", "hex_candidates")
 COLUMNS = ("prompt", "secret")
 SUFFIXES = (".csv", ".jsonl", ".parquet")
+# The optional settings of a `secrets` block and their defaults, declared
+# once (the config schema names the same; a test compares them).
+DEFAULTS = {"reference": "before", "suffix": "", "n_candidates": 1000, "seed": 0}
+
+
+def setting(spec: dict, key: str):
+    """A `secrets` block's setting, or its default."""
+    return spec.get(key, DEFAULTS[key])
+
+
+def candidate_count(spec: dict, given: int | None = None) -> int:
+    """How many exposure candidates a `secrets` block has: a candidates
+    file's rows (`given`), else `n_candidates` drawn from a declared format,
+    else none."""
+    if spec.get("candidates"):
+        return given if given is not None else read_table(spec["candidates"], "candidates", ("secret",)).height
+    return setting(spec, "n_candidates") if spec.get("format") else 0
 
 
 class SecretsRefused(ValueError):
@@ -79,7 +96,7 @@ def record_format(data_dir: Path) -> RecordFormat:
 def declared_format(spec: dict) -> RecordFormat:
     """The record format a `secrets` block declares."""
     fmt = spec.get("format") or {}
-    return RecordFormat("", spec.get("suffix", ""), fmt.get("alphabet"), fmt.get("length"))
+    return RecordFormat("", setting(spec, "suffix"), fmt.get("alphabet"), fmt.get("length"))
 
 
 def read_table(path: str, key: str, columns: tuple[str, ...]) -> pl.DataFrame:
@@ -215,7 +232,7 @@ def write_own_secrets(out_dir: Path, model: str, spec: dict, vision: bool) -> di
     image; and the format file."""
     members, nonmembers, given = load_own_secrets(model, spec, vision)
     fmt = declared_format(spec)
-    rng = random.Random(f"ownsecrets:{spec.get('seed', 0)}")
+    rng = random.Random(f"ownsecrets:{setting(spec, 'seed')}")
     images = members["image"].to_list() if vision else [None] * members.height
     canaries = _frame([f"sec{i:03d}" for i in range(members.height)], members["prompt"].to_list(),
                       members["secret"].to_list(), images)
@@ -247,7 +264,7 @@ def write_own_secrets(out_dir: Path, model: str, spec: dict, vision: bool) -> di
         pool = given["secret"].to_list()
     elif fmt.alphabet is not None:
         pool, seen = [], set(taken)
-        n = spec.get("n_candidates", 1000)
+        n = setting(spec, "n_candidates")
         if n > 2 ** min(fmt.space_bits, 62) - len(seen):
             raise SecretsRefused(f"config key `models.{model}.secrets.n_candidates` is {n}, more than the declared "
                                  "format has secrets left; lower it")
