@@ -101,6 +101,16 @@ def test_own_secrets_plan_their_data_and_two_probe_groups_only(own_run):
                        "tables": 1, "plots": 1, "all": 1}
 
 
+def test_a_changed_secrets_file_reruns_its_data_and_passes_only(own_run):
+    """Rewritten with other bytes (Snakemake skips a file rewritten with the
+    same content), the members file re-plans its data and its passes."""
+    workdir, _, _ = own_run
+    members = workdir / "members.csv"
+    pl.read_csv(members, infer_schema=False).write_csv(members, quote_style="always")  # same rows, other bytes
+    assert planned_jobs(workdir, yaml.safe_load((workdir / "override.yaml").read_text())) == {
+        "own_secrets": 1, "decode_pass": 2, "teacher_forced_pass": 2, "tables": 1, "plots": 1, "all": 1}
+
+
 def test_every_canary_measure_runs_on_own_secrets_against_the_model_before(own_run):
     workdir, _, _ = own_run
     tables = workdir / R / "tables"
