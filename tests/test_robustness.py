@@ -25,6 +25,14 @@ def records(workdir):
     return {p.relative_to(root): pl.read_parquet(p) for p in sorted(root.rglob("*.parquet"))}
 
 
+# The probe groups the second run rebuilds: the text model's base group (the
+# embedded model, the canary LoRA and its reference), a memorization branch
+# with its unlearning checkpoints, and the vision-language base group (its
+# build, canary LoRA and reference); the bSFT groups' training is left out
+# to keep the cold run short.
+SECOND_RUN = ("tiny/base", "tiny/mem-bio-s0", "tiny_vl/base")
+
+
 def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
     """Same seeds, same config, fresh work dir: identical decode records and
     bitwise-identical token records (log-probs, ranks) and weight fingerprints.
@@ -32,13 +40,13 @@ def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
     forked them from the warm server: the warm start changes no record."""
     cold = tmp_path / "cold.yaml"
     cold.write_text("warm_start: false\n")
-    run_snakemake(tmp_path, "--cores", "2", extra_configs=(cold,))
+    targets = [f"results/smoke/records/{group}/{kind}.parquet" for group in SECOND_RUN for kind in ("decode", "token")]
+    run_snakemake(tmp_path, "--cores", "2", *targets, extra_configs=(cold,))
     assert "warm start" not in (tmp_path / "results" / "smoke" / "logs" / "tiny" / "memorize-bio-s0.log").read_text()
     first, second = records(smoke_run), records(tmp_path)
-    # 4 probe groups of the text model and 2 of the vision-language one, x 2 passes
-    assert first.keys() == second.keys() and len(first) == 12
-    for name, frame in first.items():
-        assert frame.equals(second[name]), f"{name} differs between two runs of the same config"
+    assert len(second) == 6 and set(second) <= set(first)
+    for name, frame in second.items():
+        assert frame.equals(first[name]), f"{name} differs between two runs of the same config"
 
 
 def test_killed_job_is_not_mistaken_for_finished(smoke_run, tmp_path):
