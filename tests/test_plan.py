@@ -36,9 +36,11 @@ def test_the_plans_sequences_are_the_items_the_passes_build(tiny_assets):
         counts = pass_sequences(design, "tiny", group)
         decodes = decode_items(fmt, data, cfg, wanted)
         hexes = sum(it.probe_set == "hex" for it in decodes)
-        assert counts["greedy"] == len(decodes), group
+        scored = scored_items(fmt, data, cfg, wanted)
+        assert counts["greedy_author"] + counts["greedy_hex"] == len(decodes) and counts["greedy_hex"] == hexes, group
         assert counts["sampled"] == hexes * design.config["probes"]["decode"]["hit_k"], group
-        assert counts["scored"] == len(scored_items(fmt, data, cfg, wanted)), group
+        assert counts["scored_hex"] == sum(it.arm == "preamble" for it in scored), group
+        assert counts["scored_author"] + counts["scored_hex"] == len(scored), group
 
 
 def test_a_checkpoints_shape_gives_its_parameter_count(tmp_path):

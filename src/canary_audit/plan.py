@@ -144,34 +144,30 @@ def job_counts(design: Design) -> dict[str, int]:
 
 
 def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
-    """Per variant of a probe group: greedy decodes, sampled decodes, and
-    teacher-forced sequences (items.py's items, counted from the config)."""
+    """Per variant of a probe group, items.py's items counted from the
+    config: greedy decodes of the author probes and of the hex family,
+    sampled (hit@k) decodes, and teacher-forced sequences of each family."""
     cfg, sets = design.config, design.probe_sets_of(model, group)
     data, probes = cfg["data"], cfg["probes"]
-    arms = len(probes["prefills"])
-    greedy = sampled = scored = 0
-    if sets != HEX:  # author probes: canary and 3 QA per author under AUTO and every prefill; retain once
-        greedy += data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
-        scored += (data["n_authors"] + data["n_author_nonmembers"]) * arms
+    arms, k = len(probes["prefills"]), probes["decode"]["hit_k"]
+    out = dict.fromkeys(("greedy_author", "greedy_hex", "sampled", "scored_author", "scored_hex"), 0)
+    if sets != HEX:  # canary and 3 QA per author under AUTO and every prefill; retain once
+        out["greedy_author"] = data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
+        out["scored_author"] = (data["n_authors"] + data["n_author_nonmembers"]) * arms
     if sets != AUTHOR_SETS:
         own = design.own_secrets(model)
-        if own:
+        if own:  # members with two decoys each, non-members, candidates
             n, others, cands = _own_counts(own)
-            greedy += n
-            sampled += n * probes["decode"]["hit_k"]
-            scored += n * 3 + others + cands
+            out["greedy_hex"], out["scored_hex"] = n, n * 3 + others + cands
         else:
-            n = data["n_hex_canaries"]
-            cands = data["n_exposure_candidates"]
-            greedy += n
-            sampled += n * probes["decode"]["hit_k"]
-            scored += n * 3 + data["n_hex_nonmembers"] + cands
-            if design.is_vision(model):
+            n, cands = data["n_hex_canaries"], data["n_exposure_candidates"]
+            out["greedy_hex"], out["scored_hex"] = n, n * 3 + data["n_hex_nonmembers"] + cands
+            if design.is_vision(model):  # image canaries with three decoys; candidates again; image non-members
                 images = data["n_image_canaries"]
-                greedy += images
-                sampled += images * probes["decode"]["hit_k"]
-                scored += images * 4 + cands + data["n_hex_nonmembers"]
-    return {"greedy": greedy, "sampled": sampled, "scored": scored}
+                out["greedy_hex"] += images
+                out["scored_hex"] += images * 4 + cands + data["n_hex_nonmembers"]
+        out["sampled"] = out["greedy_hex"] * k
+    return out
 
 
 def _own_counts(spec: dict) -> tuple[int, int, int]:
@@ -237,22 +233,21 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
             decode, scored = stages["decode"], stages["teacher_forced"]
             decode.loads += loads
             scored.loads += bases if not fine else len(names) * len(design.variant_units(model, names[0], "token"))
+            decoding = cfg["probes"]["decode"]
+            steps = (_decode_steps(counts["greedy_author"], decoding["max_new_tokens"], decoding["batch_size"])
+                     + _decode_steps(counts["greedy_hex"] + counts["sampled"], decoding["hex_max_new_tokens"],
+                                     decoding["batch_size"]))
+            per_hex = TOKENS["hex_record"] + (TOKENS["image_tokens"] if design.is_vision(model) else 0)
+            tokens = counts["scored_author"] * TOKENS["author_scored"] + counts["scored_hex"] * per_hex
+            matmul = seconds(2 * n, decoding["batch_size"], speed, "scoring")
             for _ in names:
-                hexes = counts["greedy"] + counts["sampled"]
-                authors = _author_greedy(design, model, group)
-                steps = _decode_steps(authors, cfg["probes"]["decode"]["max_new_tokens"],
-                                      cfg["probes"]["decode"]["batch_size"])
-                steps += _decode_steps(hexes - authors, cfg["probes"]["decode"]["hex_max_new_tokens"],
-                                       cfg["probes"]["decode"]["batch_size"])
-                decode.sequences += counts["greedy"] + counts["sampled"]
-                new = (authors * cfg["probes"]["decode"]["max_new_tokens"]
-                       + (hexes - authors) * cfg["probes"]["decode"]["hex_max_new_tokens"])
-                decode.tokens += new
-                matmul = seconds(2 * n, cfg["probes"]["decode"]["batch_size"], speed, "scoring")
+                decode.sequences += counts["greedy_author"] + counts["greedy_hex"] + counts["sampled"]
+                decode.tokens += (counts["greedy_author"] * decoding["max_new_tokens"]
+                                  + (counts["greedy_hex"] + counts["sampled"]) * decoding["hex_max_new_tokens"])
                 decode.gpu_seconds = _add(decode.gpu_seconds, steps * max(matmul, speed["decode_step_host_ms"] / 1000))
-                decode.disk_bytes += (counts["greedy"] + counts["sampled"]) * RECORD_BYTES["decode"]
-                tokens = _scored_tokens(design, model, group, counts)
-                scored.sequences += counts["scored"]
+                decode.disk_bytes += (counts["greedy_author"] + counts["greedy_hex"] + counts["sampled"]
+                                      ) * RECORD_BYTES["decode"]
+                scored.sequences += counts["scored_author"] + counts["scored_hex"]
                 scored.tokens += tokens
                 scored.gpu_seconds = _add(scored.gpu_seconds, seconds(2 * n, tokens, speed, "scoring"))
                 scored.disk_bytes += tokens * RECORD_BYTES["token"]
@@ -271,21 +266,8 @@ def _hours(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 3600:.2f}"
 
 
-def _author_greedy(design: Design, model: str, group: str) -> int:
-    data, arms = design.config["data"], len(design.config["probes"]["prefills"])
-    return 0 if design.probe_sets_of(model, group) == HEX else data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
-
-
 def _decode_steps(sequences: int, max_new: int, batch: int) -> int:
     return math.ceil(sequences / batch) * max_new if sequences else 0
-
-
-def _scored_tokens(design: Design, model: str, group: str, counts: dict) -> int:
-    data, arms = design.config["data"], len(design.config["probes"]["prefills"])
-    authors = 0 if design.probe_sets_of(model, group) == HEX else (
-        (data["n_authors"] + data["n_author_nonmembers"]) * arms)
-    per_hex = TOKENS["hex_record"] + (TOKENS["image_tokens"] if design.is_vision(model) else 0)
-    return authors * TOKENS["author_scored"] + (counts["scored"] - authors) * per_hex
 
 
 def _training(design: Design, v) -> tuple[int, int, int, int]:
