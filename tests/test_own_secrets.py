@@ -177,12 +177,18 @@ def secrets_config(tmp_path, **spec):
      r"`models.mine.secrets.members` has an `image` column, but the model is a text model"),
     (pl.DataFrame({"prompt": ["a", "b"], "secret": ["11", " 22"]}), None, {},
      r"`models.mine.secrets.members`: secrets \[' 22'\] begin or end with whitespace"),
+    (None, None, {"candidates": "CANDIDATES"},
+     r"`models.mine.secrets.candidates`: exposure's extrapolation is capped .* `space_bits`"),
+    (None, None, {"format": {"alphabet": "0123456789", "length": 2}, "space_bits": 7.0},
+     r"`models.mine.secrets.space_bits`: `format` already sizes the space"),
 ])
 def test_a_bad_secrets_file_is_refused_naming_the_key(tmp_path, members, nonmembers, spec, message):
     (members if members is not None else pl.DataFrame({"prompt": ["a", "b"], "secret": ["11", "22"]})).write_csv(
         tmp_path / "members.csv")
     (nonmembers if nonmembers is not None else pl.DataFrame({"prompt": ["a", "b"], "secret": ["44", "55"]})
      ).write_csv(tmp_path / "nonmembers.csv")
+    pl.DataFrame({"secret": ["77", "88"]}).write_csv(tmp_path / "candidates.csv")
+    spec = {k: str(tmp_path / "candidates.csv") if v == "CANDIDATES" else v for k, v in spec.items()}
     with pytest.raises(ConfigError, match=message):
         design_of(secrets_config(tmp_path, **spec))
 

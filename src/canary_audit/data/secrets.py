@@ -69,12 +69,13 @@ class RecordFormat:
     suffix: str = ""
     alphabet: str | None = None
     length: int | None = None
+    bits: float | None = None  # the space's size in bits where no alphabet and length describe it
 
     @property
     def space_bits(self) -> float | None:
         """log2 of the number of possible secrets; None where the space is unknown."""
         if self.alphabet is None or self.length is None:
-            return None
+            return self.bits
         return self.length * math.log2(len(self.alphabet))
 
     def view(self) -> dict:
@@ -96,7 +97,7 @@ def record_format(data_dir: Path) -> RecordFormat:
 def declared_format(spec: dict) -> RecordFormat:
     """The record format a `secrets` block declares."""
     fmt = spec.get("format") or {}
-    return RecordFormat("", setting(spec, "suffix"), fmt.get("alphabet"), fmt.get("length"))
+    return RecordFormat("", setting(spec, "suffix"), fmt.get("alphabet"), fmt.get("length"), spec.get("space_bits"))
 
 
 def read_table(path: str, key: str, columns: tuple[str, ...]) -> pl.DataFrame:
@@ -184,6 +185,12 @@ def load_own_secrets(model: str, spec: dict, vision: bool) -> tuple[pl.DataFrame
         raise SecretsRefused(f"config key `{key}`: secrets {shared[:3]} are both members and non-members; a "
                              "non-member must be a secret the fine-tune never saw")
     candidates = None
+    if spec.get("candidates") and fmt.space_bits is None:
+        raise SecretsRefused(f"config key `{key}.candidates`: exposure's extrapolation is capped at the size of the "
+                             "space the secrets were drawn from; declare it as `format` (alphabet, length) or "
+                             "`space_bits` (log2 of the number of possible secrets)")
+    if spec.get("format") and spec.get("space_bits") is not None:
+        raise SecretsRefused(f"config key `{key}.space_bits`: `format` already sizes the space; drop one of them")
     if spec.get("candidates"):
         candidates = read_table(spec["candidates"], f"{key}.candidates", ("secret",))
         check_secrets(candidates, f"{key}.candidates", fmt)

@@ -16,7 +16,9 @@ reference implementation is tensorflow_privacy's
   log-perplexities (`scipy.stats.skewnorm.fit`), and exposure =
   -log2 CDF(canary's log-perplexity), which can exceed log2(R); it is capped
   at log2(16^16) = 64 bits, the exposure of a secret ranked first in its
-  whole space (the CDF underflows to 0 past that).
+  whole space (the CDF underflows to 0 past that).  Secrets of a
+  researcher's own (data/secrets.py) are capped at their declared space's
+  bits (a `format`, or `space_bits` beside a candidates file).
 
 Adapted to this setting: the canaries have one preamble each (`Record NN
 access code: `), so the candidates cycle through the canaries' preambles
@@ -61,10 +63,9 @@ def interpolated(canaries: np.ndarray, candidates: np.ndarray) -> np.ndarray:
 
 
 def extrapolated(canaries: np.ndarray, candidates: np.ndarray,
-                 cap: float | None = SPACE_BITS) -> tuple[np.ndarray, tuple]:
+                 cap: float = SPACE_BITS) -> tuple[np.ndarray, tuple]:
     """-log2 of the fitted skew-normal's CDF at each canary (capped at `cap`,
-    the secret space's bits; with no known space an infinite value is NaN),
-    and the fit's (shape, location, scale)."""
+    the secret space's bits), and the fit's (shape, location, scale)."""
     from scipy.stats import skewnorm
 
     # Sorted first: the fit's optimizer depends on the order of its input,
@@ -72,11 +73,10 @@ def extrapolated(canaries: np.ndarray, candidates: np.ndarray,
     params = skewnorm.fit(np.sort(candidates))
     with np.errstate(divide="ignore"):
         bits = -np.log2(skewnorm.cdf(canaries, *params))
-    bits = np.minimum(bits, cap) if cap is not None else np.where(np.isinf(bits), np.nan, bits)
-    return bits, tuple(float(p) for p in params)
+    return np.minimum(bits, cap), tuple(float(p) for p in params)
 
 
-def space_bits_of(variant: str, formats: dict[str, dict] | None) -> float | None:
+def space_bits_of(variant: str, formats: dict[str, dict] | None) -> float:
     """The secret space's bits for a `<model>/<variant>`: its model's own
     secrets' (`formats`, model -> RecordFormat.view()), else the synthetic
     canaries' SPACE_BITS."""
@@ -86,9 +86,8 @@ def space_bits_of(variant: str, formats: dict[str, dict] | None) -> float | None
 
 def item_exposures(tokens: pl.DataFrame, formats: dict[str, dict] | None = None) -> pl.DataFrame:
     """One row per (variant, modality, canary): both exposures, the
-    candidate count, the extrapolation's cap (null: unknown space) and the
-    skew-normal fitted to the candidates' log-perplexities; empty when no
-    variant has candidates."""
+    candidate count, the extrapolation's cap and the skew-normal fitted to
+    the candidates' log-perplexities; empty when no variant has candidates."""
     scores = log_perplexities(tokens)
     rows = []
     for (variant, _), part in scores.group_by("variant", "modality", maintain_order=True):
@@ -101,7 +100,7 @@ def item_exposures(tokens: pl.DataFrame, formats: dict[str, dict] | None = None)
         extra, (shape, loc, scale) = extrapolated(values, candidates, cap)
         rows.append(canaries.select("variant", "modality", "item_id", "group_id", "log_perplexity").with_columns(
             exposure_interpolation=pl.Series(interpolated(values, candidates)),
-            exposure_extrapolation=pl.Series(extra, nan_to_null=True),
+            exposure_extrapolation=pl.Series(extra),
             candidates=pl.lit(len(candidates)), space_bits=pl.lit(cap, pl.Float64),
             # the fitted skew-normal, so a reader can judge the extrapolation
             fit_shape=pl.lit(shape), fit_loc=pl.lit(loc), fit_scale=pl.lit(scale),
