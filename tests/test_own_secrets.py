@@ -84,7 +84,7 @@ def own_run(tiny_assets, tmp_path_factory):
     override = {
         "audit": {"models": ["mine"]},
         "models": {"mine": {
-            "path": str(before), "think_open": None, "think_close": None,
+            "path": str(before),
             "secrets": {"members": str(workdir / "members.csv"), "nonmembers": str(workdir / "nonmembers.csv"),
                         "format": {"alphabet": DIGITS, "length": 8}, "n_candidates": 200},
             "imports": {"tuned": {"path": str(workdir / "tuned"), "parent": "base", "as": "tuned"}},
@@ -228,6 +228,7 @@ def test_a_secrets_model_runs_the_hex_probes_only_and_its_tables_are_declared(tm
     assert "exposure" not in names  # no format, no candidates file: nothing to rank a secret among
     with_format = design_of(secrets_config(tmp_path, format={"alphabet": DIGITS, "length": 2}))
     assert "exposure" in with_format.table_names()
+    assert design.model_entry("mine")["think_open"] is None  # no paper A arm: no think tags asked of the tokenizer
     assert with_format.secret_formats() == {"mine": {"prefix": "", "suffix": "", "space_bits": pytest.approx(6.6438,
                                                                                                                abs=1e-4)}}
 

@@ -34,9 +34,10 @@ class ModelSpec:
     @staticmethod
     def think_tags(entry: dict) -> tuple[str | None, str | None]:
         """A model entry's think tags: as given (null: none), else a text
-        model's `<think>` / `</think>` and no tags for a vision-language
-        model (paper B's Qwen2.5-VL has none in its vocabulary)."""
-        default = (None, None) if entry.get("vision") else ("<think>", "</think>")
+        model's `<think>` / `</think>`, and no tags for a vision-language
+        model (paper B's Qwen2.5-VL has none in its vocabulary) or a model
+        audited on secrets of its own (no paper A arm reads a trace)."""
+        default = (None, None) if entry.get("vision") or entry.get("secrets") else ("<think>", "</think>")
         return (entry["think_open"] if "think_open" in entry else default[0],
                 entry["think_close"] if "think_close" in entry else default[1])
 
