@@ -72,3 +72,27 @@ def test_the_plan_command_prints_in_seconds():
                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
     assert out.returncode == 0, out.stderr
     assert "| decode | 14 | 87,720 |" in out.stdout and "H200" in out.stdout
+
+
+@pytest.mark.parametrize("layer,shapes", [
+    ("configs/paper_a.yaml", {"r1_qwen7b": "qwen2.5-7b.json", "r1_llama8b": "llama-3.1-8b.json"}),
+    ("configs/paper_b.yaml", {"qwen25vl_7b": "qwen2.5-7b.json"}),
+])
+def test_the_documented_plans_are_the_plans_of_the_paper_configs(layer, shapes):
+    """docs/performance.md's plan tables are what `plan` prints today for the
+    paper configs with benchmarks/shapes/ and benchmarks/throughput.json:
+    a change to the design, the estimate or the table fails here, not in a
+    reader's hands."""
+    import yaml
+    from snakemake.utils import validate
+
+    from canary_audit.design import Design
+    from canary_audit.layers import merge
+
+    config = merge(*(yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", layer)))
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    design = Design(config)
+    found = {m: model_shape(design, m, {m: ROOT / "benchmarks" / "shapes" / f}) for m, f in shapes.items()}
+    speed = load_throughput()
+    table = render(plan(design, found, speed), speed).split("\n\n")[0]
+    assert table in (ROOT / "docs" / "performance.md").read_text()
