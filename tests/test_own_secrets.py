@@ -229,6 +229,8 @@ def test_a_secrets_model_runs_the_hex_probes_only_and_its_tables_are_declared(tm
     with_format = design_of(secrets_config(tmp_path, format={"alphabet": DIGITS, "length": 2}))
     assert "exposure" in with_format.table_names()
     assert design.model_entry("mine")["think_open"] is None  # no paper A arm: no think tags asked of the tokenizer
+    with pytest.raises(ConfigError, match=r"export of model `mine`: it is audited on its own secrets"):
+        design.export_sources("mine", 0)
     assert with_format.secret_formats() == {"mine": {"prefix": "", "suffix": "", "space_bits": pytest.approx(6.6438,
                                                                                                                abs=1e-4)}}
 
