@@ -334,9 +334,9 @@ class Design:
         (made by the canary LoRA's job when paper B's bSFT arms run, else by
         the export)."""
         if self.own_secrets(model):
-            raise ConfigError(f"export of model `{model}`: it is audited on its own secrets (`models.{model}.secrets`), "
-                              "and export writes the synthetic experiment's memorized models and splits; export a "
-                              "model that runs the experiment")
+            raise ConfigError(f"export of model `{model}`: it is audited on its own secrets "
+                              f"(`models.{model}.secrets`), and export writes the synthetic experiment's memorized "
+                              "models and splits; export a model that runs the experiment")
         if seed not in self.config["audit"]["seeds"]:
             raise ConfigError(f"export of seed {seed}: `audit.seeds` is {self.config['audit']['seeds']}")
         lay = self.layout
