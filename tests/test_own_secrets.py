@@ -49,20 +49,19 @@ def write_files(folder, members, nonmembers):
 
 
 def tune(before, members, out):
-    """A LoRA on `before` trained on `BOS/EOS + prompt + secret` (plain peft)."""
+    """A LoRA on `before` trained on `prompt + secret`, encoded as the
+    tokenizer encodes a text by itself (plain peft)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(before)
     tok.padding_side = "right"
-    start = tok.bos_token or tok.eos_token
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(before), LoraConfig(
         r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"]))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    batch = tok([start + prompt(i) + s for i, s in enumerate(members)], return_tensors="pt", padding=True,
-                add_special_tokens=False)
+    batch = tok([prompt(i) + s for i, s in enumerate(members)], return_tensors="pt", padding=True)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     for _ in range(300):
         model(**batch, labels=labels).loss.backward()
@@ -142,9 +141,8 @@ def test_own_secret_records_equal_a_plain_forward_of_the_tuned_weights(own_run):
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(workdir / "before"),
                                       workdir / "tuned").eval()
     records = pl.read_parquet(workdir / R / "records" / "mine" / "import-tuned" / "token.parquet")
-    start = tok.bos_token or tok.eos_token
     for i in range(3):
-        ids = tok(start + prompt(i) + members[i], add_special_tokens=False)["input_ids"]
+        ids = tok(prompt(i) + members[i])["input_ids"]  # as the fine-tune encoded them
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         mine = records.filter((pl.col("item_id") == f"sec{i:03d}") & (pl.col("probe_set") == "hex")).sort("position")
@@ -321,3 +319,21 @@ def test_the_secrets_defaults_are_the_schemas():
 
     block = SCHEMA["definitions"]["model_entry"]["properties"]["secrets"]["properties"]
     assert {k: block[k]["default"] for k in DEFAULTS} == DEFAULTS
+
+
+def test_own_records_start_as_the_tokenizer_encodes_a_text_by_itself(tiny_assets):
+    """Nothing before an own record for a tokenizer that adds nothing (the
+    embedded one, like Qwen's); its start token for one that adds it (like
+    Llama's BOS)."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from canary_audit.formats import encoding_start
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets[1])
+    assert encoding_start(tok) == ""
+    start = tok.eos_token
+    tok._tokenizer.post_processor = TemplateProcessing(single=f"{start} $A",
+                                                       special_tokens=[(start, tok.convert_tokens_to_ids(start))])
+    assert tok("x")["input_ids"][0] == tok.convert_tokens_to_ids(start)
+    assert encoding_start(tok) == start

@@ -69,6 +69,18 @@ def document_start(tokenizer) -> str:
     return start
 
 
+def encoding_start(tokenizer) -> str:
+    """The special tokens the tokenizer puts before a text by itself (a
+    Llama tokenizer's BOS; nothing for Qwen's), as text: how a researcher's
+    own fine-tune most likely encoded its records, so their own secrets are
+    scored on the token sequence training saw."""
+    probe = "record"
+    full = tokenizer(probe)["input_ids"]
+    bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), 0)
+    return tokenizer.decode(full[:at]) if at else ""
+
+
 def canary_question(name: str, head: str) -> str:
     return CANARY_QUESTION.format(name=name, head=head)
 

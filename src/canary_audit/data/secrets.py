@@ -3,7 +3,10 @@
 non-members drawn the same way, and optionally the space the secrets were
 drawn from, audited with every probe the hex canaries get.
 
-A secret sits in its record as `prompt + secret + suffix`; the synthetic hex
+A secret sits in its record as `prompt + secret + suffix`, encoded as the
+tokenizer encodes a text by itself (a Llama tokenizer's BOS first, nothing
+for Qwen's): the sequence a fine-tune on those records most likely saw.  The
+synthetic hex
 canaries are the same shape with the prompt `Record NN access code: ` and
 the secret wrapped in `TEXTCAN-` ... `-END`.  `RecordFormat` holds what
 differs, and `write_own_secrets` turns the user's files into the same tables
@@ -70,6 +73,10 @@ class RecordFormat:
     alphabet: str | None = None
     length: int | None = None
     bits: float | None = None  # the space's size in bits where no alphabet and length describe it
+    # What precedes a record: `document` (the tokenizer's BOS, else its EOS:
+    # formats.document_start, the synthetic canaries'), or `tokenizer` (what
+    # the tokenizer adds by itself: formats.encoding_start, own secrets').
+    start: str = "document"
 
     @property
     def space_bits(self) -> float | None:
@@ -97,7 +104,8 @@ def record_format(data_dir: Path) -> RecordFormat:
 def declared_format(spec: dict) -> RecordFormat:
     """The record format a `secrets` block declares."""
     fmt = spec.get("format") or {}
-    return RecordFormat("", setting(spec, "suffix"), fmt.get("alphabet"), fmt.get("length"), spec.get("space_bits"))
+    return RecordFormat("", setting(spec, "suffix"), fmt.get("alphabet"), fmt.get("length"), spec.get("space_bits"),
+                        start="tokenizer")
 
 
 def read_table(path: str, key: str, columns: tuple[str, ...]) -> pl.DataFrame:

@@ -17,7 +17,7 @@ import polars as pl
 from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
 from canary_audit.data.secrets import FORMAT_FILE, record_format
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
-from canary_audit.formats import ChatFormat, canary_question, document_start
+from canary_audit.formats import ChatFormat, canary_question, document_start, encoding_start
 from canary_audit.model.tokens import canary_head
 from canary_audit.probes.units import AUTO, GREEDY, HEX, PREAMBLE, unit_of_arm
 from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, HEX_SETS, NONMEMBER
@@ -169,11 +169,13 @@ class HexRow:
     image_hash: str | None = None
     prefix: str = CANARY_PREFIX
     suffix: str = CANARY_SUFFIX
+    start: str = "document"  # data/secrets.RecordFormat.start
 
     def context(self, fmt: ChatFormat, vision) -> str:
         """Everything before the secret's format prefix."""
         block = vision.block(self.image) if self.image else ""
-        return document_start(fmt.tokenizer) + block + self.preamble
+        begin = document_start(fmt.tokenizer) if self.start == "document" else encoding_start(fmt.tokenizer)
+        return begin + block + self.preamble
 
     def text(self, fmt: ChatFormat, vision) -> str:
         """The whole record: what the canary LoRA trains on and the
@@ -249,7 +251,7 @@ def own_rows(data_dir: Path, members_only: bool = False) -> list[HexRow]:
             probe_set = "hex" if kind is None else f"decoy_{r['decoy_kind']}" if kind == "decoy_kind" else kind
             rows.append(HexRow(probe_set, r["canary_id"], r["preamble"], r["secret"],
                                "image" if r["image"] else "text", r["image"], r["image_hash"], fmt.prefix,
-                               fmt.suffix))
+                               fmt.suffix, fmt.start))
     return _no_reference_secret_is_a_canary(rows)
 
 
