@@ -337,3 +337,18 @@ def test_own_records_start_as_the_tokenizer_encodes_a_text_by_itself(tiny_assets
                                                        special_tokens=[(start, tok.convert_tokens_to_ids(start))])
     assert tok("x")["input_ids"][0] == tok.convert_tokens_to_ids(start)
     assert encoding_start(tok) == start
+
+
+def test_a_file_of_another_type_empty_cells_and_too_few_rows_are_named(tmp_path):
+    pl.DataFrame({"prompt": ["a", "b"], "secret": ["33", "44"]}).write_csv(tmp_path / "nonmembers.csv")
+    (tmp_path / "members.txt").write_text("prompt,secret\na,11\n")
+    config = secrets_config(tmp_path)
+    config["models"]["mine"]["secrets"]["members"] = str(tmp_path / "members.txt")
+    with pytest.raises(ConfigError, match=r"`models.mine.secrets.members`: `members.txt` is not one of .csv"):
+        design_of(config)
+    pl.DataFrame({"prompt": ["a", ""], "secret": ["11", "22"]}).write_csv(tmp_path / "members.csv")
+    with pytest.raises(ConfigError, match=r"`models.mine.secrets.members`: 1 row\(s\) of .* have an empty prompt"):
+        design_of(secrets_config(tmp_path))
+    pl.DataFrame({"prompt": ["a"], "secret": ["11"]}).write_csv(tmp_path / "members.csv")
+    with pytest.raises(ConfigError, match=r"`models.mine.secrets`: 1 members and 2 non-members; a membership test"):
+        design_of(secrets_config(tmp_path))
