@@ -10,7 +10,13 @@ import yaml
 
 from snakemake.utils import validate
 
-from canary_audit.data.secrets import FORMAT_FILE, OWN_TABLES, image_files
+from canary_audit.data.secrets import (
+    FORMAT_FILE,
+    OWN_TABLES,
+    SecretsRefused,
+    check_decode_budget,
+    image_files,
+)
 from canary_audit.data.io import (
     AUTHOR_NONMEMBER_KEYS,
     AUTHOR_NONMEMBERS,
@@ -72,7 +78,17 @@ def check_local_models():
     for name in config["audit"]["models"]:
         entry = config["models"][name]
         if not entry.get("embedded"):
-            load_tokenizer(ModelSpec.from_config(name, entry, entry["path"]))
+            tokenizer = load_tokenizer(
+                ModelSpec.from_config(name, entry, entry["path"])
+            )
+            if DESIGN.own_secrets(name):
+                budget = config["probes"]["decode"]["hex_max_new_tokens"]
+                try:
+                    check_decode_budget(
+                        name, DESIGN.own_secrets(name), tokenizer, budget
+                    )
+                except SecretsRefused as err:
+                    fail(str(err))
         base = Path(DESIGN.model_path(name))
         if list(base.glob("*.safetensors")):
             for imp in DESIGN.imports(name).values():

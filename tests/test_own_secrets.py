@@ -177,8 +177,12 @@ def secrets_config(tmp_path, **spec):
      r"`models.mine.secrets.members`: secrets \[' 22'\] begin or end with whitespace"),
     (None, None, {"candidates": "CANDIDATES"},
      r"`models.mine.secrets.candidates`: exposure's extrapolation is capped .* `space_bits`"),
-    (None, None, {"format": {"alphabet": "0123456789", "length": 2}, "space_bits": 7.0},
+    (None, None, {"format": {"alphabet": "0123456789", "length": 2}, "space_bits": 7.0, "candidates": "CANDIDATES"},
      r"`models.mine.secrets.space_bits`: `format` already sizes the space"),
+    (None, None, {"n_candidates": 50}, r"`models.mine.secrets.n_candidates`: candidates are drawn from `format`"),
+    (None, None, {"format": {"alphabet": "0123456789", "length": 2}, "n_candidates": 50,
+                  "candidates": "CANDIDATES"}, r"`models.mine.secrets.n_candidates`: candidates are drawn"),
+    (None, None, {"space_bits": 7.0}, r"`models.mine.secrets.space_bits`: it sizes a candidates file's space"),
 ])
 def test_a_bad_secrets_file_is_refused_naming_the_key(tmp_path, members, nonmembers, spec, message):
     (members if members is not None else pl.DataFrame({"prompt": ["a", "b"], "secret": ["11", "22"]})).write_csv(
@@ -318,7 +322,10 @@ def test_the_secrets_defaults_are_the_schemas():
     from canary_audit.data.secrets import DEFAULTS
 
     block = SCHEMA["definitions"]["model_entry"]["properties"]["secrets"]["properties"]
-    assert {k: block[k]["default"] for k in DEFAULTS} == DEFAULTS
+    # n_candidates has no schema default: a value given where nothing reads it is refused, not filled in.
+    assert "default" not in block["n_candidates"]
+    assert {k: block[k]["default"] for k in DEFAULTS if k != "n_candidates"} == {
+        k: v for k, v in DEFAULTS.items() if k != "n_candidates"}
 
 
 def test_own_records_start_as_the_tokenizer_encodes_a_text_by_itself(tiny_assets):
@@ -352,3 +359,21 @@ def test_a_file_of_another_type_empty_cells_and_too_few_rows_are_named(tmp_path)
     pl.DataFrame({"prompt": ["a"], "secret": ["11"]}).write_csv(tmp_path / "members.csv")
     with pytest.raises(ConfigError, match=r"`models.mine.secrets`: 1 members and 2 non-members; a membership test"):
         design_of(secrets_config(tmp_path))
+
+
+def test_secrets_longer_than_the_hex_decode_budget_are_refused(tiny_assets, tmp_path):
+    """A secret whose exact match needs more tokens than the hex probes may
+    generate would read as a miss whatever the model knows: refused, naming
+    the budget's key and the length it needs."""
+    from transformers import AutoTokenizer
+
+    from canary_audit.data.secrets import check_decode_budget
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets[1])
+    write_files(tmp_path, _secrets(3), _secrets(3, seed=8))
+    spec = {"members": str(tmp_path / "members.csv"), "nonmembers": str(tmp_path / "nonmembers.csv")}
+    need = len(tok(" " + _secrets(3)[0], add_special_tokens=False)["input_ids"])
+    check_decode_budget("mine", spec, tok, need)
+    with pytest.raises(SecretsRefused, match=rf"`probes.decode.hex_max_new_tokens` is {need - 1}, but model `mine`'s "
+                                             rf"secret `\d+` takes {need} tokens; raise it to at least {need}"):
+        check_decode_budget("mine", spec, tok, need - 1)

@@ -197,6 +197,12 @@ def load_own_secrets(model: str, spec: dict, vision: bool) -> tuple[pl.DataFrame
         raise SecretsRefused(f"config key `{key}.candidates`: exposure's extrapolation is capped at the size of the "
                              "space the secrets were drawn from; declare it as `format` (alphabet, length) or "
                              "`space_bits` (log2 of the number of possible secrets)")
+    if spec.get("n_candidates") is not None and not (spec.get("format") and not spec.get("candidates")):
+        raise SecretsRefused(f"config key `{key}.n_candidates`: candidates are drawn from `format` when no "
+                             "candidates file is given; declare the format, or drop `n_candidates`")
+    if spec.get("space_bits") is not None and not spec.get("candidates"):
+        raise SecretsRefused(f"config key `{key}.space_bits`: it sizes a candidates file's space; give `candidates`, "
+                             "or drop `space_bits`")
     if spec.get("format") and spec.get("space_bits") is not None:
         raise SecretsRefused(f"config key `{key}.space_bits`: `format` already sizes the space; drop one of them")
     if spec.get("candidates"):
@@ -207,6 +213,21 @@ def load_own_secrets(model: str, spec: dict, vision: bool) -> tuple[pl.DataFrame
             raise SecretsRefused(f"config key `{key}.candidates`: secrets {taken[:3]} are members; exposure ranks a "
                                  "member among secrets nobody trained on")
     return members, nonmembers, candidates
+
+
+def check_decode_budget(model: str, spec: dict, tokenizer, budget: int) -> None:
+    """Refuse secrets whose exact match cannot fit the hex probes' greedy
+    budget (`probes.decode.hex_max_new_tokens`): a decode stopped before the
+    secret and its suffix end is a miss whatever the model knows, so hit@1
+    and hit@k would read 0 for a reason that is not memorization.  Counted
+    as the continuation is generated: after the prompt's trailing space."""
+    members = read_table(spec["members"], f"models.{model}.secrets.members", COLUMNS)
+    suffix = setting(spec, "suffix")
+    longest = max(members.iter_rows(named=True), key=lambda r: len(r["secret"]))
+    need = len(tokenizer(" " + longest["secret"] + suffix, add_special_tokens=False)["input_ids"])
+    if need > budget:
+        raise SecretsRefused(f"config key `probes.decode.hex_max_new_tokens` is {budget}, but model `{model}`'s "
+                             f"secret `{longest['secret']}` takes {need} tokens; raise it to at least {need}")
 
 
 def image_files(spec: dict) -> list[str]:
