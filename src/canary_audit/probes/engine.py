@@ -79,6 +79,30 @@ class _Running:
             self.mask = self.mask[:, start:]
 
 
+def prefill(model, tokenizer, seqs: list[list[int]], images: list[str | None] | None = None, vision=None):
+    """The prompt pass of a batch of token-id lists, left-padded: (KV cache,
+    attention mask, each row's last position, the last position's logits).
+    On a vision-language model (`vision`, each row's image in `images`) the
+    images are fed and the model's 3-D positions taken; text tokens after
+    them advance all three axes together, so the temporal axis is the next
+    position of every later token.  Only the last position's logits are
+    computed (`logits_to_keep=1`)."""
+    from transformers import DynamicCache
+
+    from canary_audit.model.embedded import pad_batch
+
+    padded = pad_batch(seqs, tokenizer.pad_token_id, side="left", device=model.device)
+    mask = padded["attention_mask"]
+    pictures = vision.forward_kwargs(padded["input_ids"], images, model.device) if vision else {}
+    positions = (vision.positions(model, padded["input_ids"], mask, pictures) if pictures
+                 else (mask.cumsum(-1) - 1).clamp(min=0))
+    cache = DynamicCache()
+    logits = model(input_ids=padded["input_ids"], attention_mask=mask, position_ids=positions, cache=cache,
+                   use_cache=True, logits_to_keep=1, **pictures).logits[:, -1]
+    last = positions[0, :, -1] if positions.ndim == 3 else positions[:, -1]
+    return cache, mask, last, logits
+
+
 def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
                       eos_id: int | None = None, images: list[str | None] | None = None, vision=None,
                       sync_every: int = 8):
@@ -86,10 +110,6 @@ def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int,
     return value as `passes.generate_greedy` ((generated ids, hit EOS) per
     prompt, and the prompts' ids), plain argmax decoding, the checkpoint's
     generation config playing no part; `images` and `vision` as there."""
-    from transformers import DynamicCache
-
-    from canary_audit.model.embedded import pad_batch
-
     eos = tokenizer.eos_token_id if eos_id is None else eos_id
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     queue = sorted(range(len(prompts)), key=lambda i: -len(enc[i]))  # longest first, as the reference loop
@@ -97,25 +117,17 @@ def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int,
     if max_new_tokens < 1:
         return [([], False) for _ in prompts], enc
 
-    def prefill(rows: list[int]) -> _Running:
-        padded = pad_batch([enc[i] for i in rows], tokenizer.pad_token_id, side="left", device=model.device)
-        mask = padded["attention_mask"]
-        pictures = (vision.forward_kwargs(padded["input_ids"], [images[i] for i in rows], model.device)
-                    if vision else {})
-        positions = (vision.positions(model, padded["input_ids"], mask, pictures) if pictures
-                     else (mask.cumsum(-1) - 1).clamp(min=0))
-        cache = DynamicCache()
-        logits = model(input_ids=padded["input_ids"], attention_mask=mask, position_ids=positions, cache=cache,
-                       use_cache=True, logits_to_keep=1, **pictures).logits[:, -1]
-        last = positions[0, :, -1] if positions.ndim == 3 else positions[:, -1]
-        return _Running(cache, mask, last, logits, rows, max_new_tokens)
+    def start(rows: list[int]) -> _Running:
+        state = prefill(model, tokenizer, [enc[i] for i in rows], [images[i] for i in rows] if vision else None,
+                        vision)
+        return _Running(*state, rows, max_new_tokens)
 
     running: _Running | None = None
     with torch.no_grad():
         while queue or running is not None:
             free = batch_size - (len(running.rows) if running else 0)
             if free > 0 and queue:
-                fresh = prefill(queue[:free])
+                fresh = start(queue[:free])
                 queue = queue[free:]
                 if running is None:
                     running = fresh

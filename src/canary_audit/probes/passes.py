@@ -72,28 +72,18 @@ def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int, b
     advance all three position axes together, as in `generate`.
     """
     import torch
-    from transformers import DynamicCache
+
+    from canary_audit.probes.engine import prefill
 
     eos = tokenizer.eos_token_id if eos_id is None else eos_id
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     results: list[tuple[list[int], bool] | None] = [None] * len(prompts)
     for batch in length_sorted_batches([len(e) for e in enc], batch_size):
-        padded = pad_batch([enc[i] for i in batch], tokenizer.pad_token_id, side="left", device=model.device)
-        mask = padded["attention_mask"]
-        pictures = (vision.forward_kwargs(padded["input_ids"], [images[i] for i in batch], model.device)
-                    if vision else {})
-        if pictures:
-            positions = vision.positions(model, padded["input_ids"], mask, pictures)
-        else:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache, rows = DynamicCache(), list(batch)
+        rows = list(batch)
         outs: dict[int, list[int]] = {i: [] for i in batch}
         with torch.no_grad():
-            # Only the last prompt position's logits are read: the LM head is
-            # not applied to the rest (`logits_to_keep=1`).
-            logits = model(input_ids=padded["input_ids"], attention_mask=mask, position_ids=positions,
-                           cache=cache, use_cache=True, logits_to_keep=1, **pictures).logits[:, -1]
-            last = positions[0, :, -1] if positions.ndim == 3 else positions[:, -1]
+            cache, mask, last, logits = prefill(model, tokenizer, [enc[i] for i in batch],
+                                                [images[i] for i in batch] if vision else None, vision)
             for step in range(max_new_tokens):
                 nxt = logits.argmax(-1)
                 keep = []
