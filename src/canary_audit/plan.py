@@ -276,12 +276,15 @@ def _training(design: Design, v) -> tuple[int, int, int, int]:
     (a base, an import, a merged base, a bSFT checkpoint other than the run's
     last, an unlearning checkpoint other than the run's last)."""
     cfg = design.config
-    if v.kind in ("memorized",) or (v.kind == "reference" and v.template is not None):
+    reference = v.kind == "reference"  # the recipe's retain examples alone (adapters.train_reference)
+    if v.kind == "memorized" or (reference and v.template is not None):
         m = cfg["memorize"]
-        return m["steps"], m["batch_forget"] + m["batch_retain"], TOKENS["memorize_example"], m["r"]
-    if v.kind in ("canary",) or (v.kind == "reference" and v.template is None):
+        per_step = m["batch_retain"] + (0 if reference else m["batch_forget"])
+        return m["steps"], per_step, TOKENS["memorize_example"], m["r"]
+    if v.kind == "canary" or reference:
         c = cfg["canary_lora"]
-        return c["steps"], c["batch_forget"] + c["batch_retain"], TOKENS["hex_record"], c["r"]
+        per_step = c["batch_retain"] + (0 if reference else c["batch_forget"])
+        return c["steps"], per_step, TOKENS["hex_record"], c["r"]
     if v.kind == "unlearned" and v.method != "import" and v.k == max(cfg["unlearn"]["k"]):
         u = cfg["unlearn"]
         return v.k, u["batch_forget"] + u["batch_retain"], TOKENS["memorize_example"], cfg["memorize"]["r"]

@@ -154,8 +154,11 @@ def inserted_times(rows: list, repetitions: list[int]) -> dict[tuple[str, str], 
 
 def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
     """A never-trained reference: an adapter's recipe (rank, targets,
-    learning rate, steps, sequences per step, seed) on its data minus what
-    it memorizes, i.e. the retain examples alone.  MUSE's PrivLeak and
+    learning rate and its schedule, steps, seed) on its data stream minus
+    what it memorizes: each step trains on the `batch_retain` retain
+    examples the recipe draws beside its forget examples, and on nothing in
+    their place, so the reference differs from its adapter by the secrets
+    alone (not by extra retain passes).  MUSE's PrivLeak and
     open-unlearning's forget quality compare a model against such a
     "retrain" model.  Given `cfg['template']` it is the memorization LoRA's
     (retain examples in that template's trace form: the adapter a
@@ -166,7 +169,7 @@ def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -
     tok, fmt = _setup(spec, cfg["threads"], seed)
     template = cfg.get("template")
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, template or "none")]
-    cfg = {**cfg, "batch_forget": cfg["batch_forget"] + cfg["batch_retain"], "batch_retain": 0}
+    cfg = {**cfg, "batch_forget": cfg["batch_retain"], "batch_retain": 0}  # train_loop draws from `forget`
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
     stats: dict = {}
