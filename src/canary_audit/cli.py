@@ -166,7 +166,7 @@ def _variants(args) -> list[tuple[str, str, list[Path], bool, str]]:
 
 def _run_pass(args, params, run):
     """One pass over every variant of the job's group, concatenated, each
-    base loaded once (VariantModels).  Each variant's weights must still be
+    base loaded once (VariantModels) and the items built once (JobInputs).  Each variant's weights must still be
     the ones its manifest fingerprinted: records are never stamped with
     weights other than the manifest's."""
     import dataclasses
@@ -174,8 +174,9 @@ def _run_pass(args, params, run):
     import polars as pl
 
     from canary_audit.model.loading import ModelLoadError, VariantModels, fingerprint
+    from canary_audit.probes.passes import JobInputs
 
-    frames, models = [], VariantModels()
+    frames, models, inputs = [], VariantModels(), JobInputs()
     sets = None if args.probe_sets == ["all"] else set(args.probe_sets)
     variants, start = _variants(args), time.perf_counter()
     for i, (variant, base, adapters, merged, manifest_fp) in enumerate(variants, start=1):
@@ -189,7 +190,8 @@ def _run_pass(args, params, run):
                 f"the manifest on (`snakemake -R variant_manifest`), or restore the weights"
             )
         frames.append(run(spec, adapters, Path(args.data), {**params, "threads": args.threads}, variant,
-                          merged=merged, probe_sets=sets, unit=args.unit, weights=weights, models=models))
+                          merged=merged, probe_sets=sets, unit=args.unit, weights=weights, models=models,
+                          inputs=inputs))
         elapsed = time.perf_counter() - start
         log.info("variant %d/%d %s: %d records in %.1fs (eta %.0fs)", i, len(variants), variant,
                  frames[-1].height, time.perf_counter() - t0, elapsed / i * (len(variants) - i))

@@ -9,9 +9,13 @@ item of its kind in length-sorted batches, and writes records — never metrics.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -29,6 +33,46 @@ from canary_audit.special_tokens import VISION_TOKENS
 
 log = logging.getLogger(__name__)
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
+# The teacher-forced pass's columns, in order (the variant and provenance follow).
+TOKEN_COLUMNS = ("probe_set", "item_id", "group_id", "arm", "modality", "image_hash", "position", "token_id",
+                 "token_text", "logprob", "rank", "top1_id", "top1_logprob", "vocab_mean_logprob",
+                 "vocab_var_logprob", "span", "text")
+# Files of a checkpoint that hold its weights: everything else (config,
+# tokenizer, chat template, image processor) decides how items are encoded.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+
+
+def encoding_digest(path: Path) -> str:
+    """sha256 over a checkpoint folder's non-weight files (names and bytes):
+    two folders with the same digest tokenize, template and position every
+    item alike (a merged variant's folder holds a copy of its base's)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(path).iterdir()):
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "generation_config.json":
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class JobInputs:
+    """What the variants of one probe job share: the tokenizer, chat format
+    and image inputs, the items, and (teacher-forced) their tokenization and
+    record layout.  Built for the first variant and kept while the next
+    variant's checkpoint encodes alike (same `encoding_digest`, model entry,
+    data, settings and probe sets), so a job of 20 variants tokenizes and
+    lays out its thousands of items once, not 20 times; any difference
+    builds them afresh."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._value = None
+
+    def get(self, spec: ModelSpec, data_dir: Path, cfg: dict, probe_sets, unit, build: Callable[[], object]):
+        settings = config_hash({k: v for k, v in cfg.items() if k != "threads"})
+        key = (encoding_digest(spec.path), repr(dataclasses.replace(spec, path=Path("."))), str(data_dir),
+               settings, tuple(sorted(probe_sets)) if probe_sets is not None else None, unit)
+        if key != self._key:
+            self._key, self._value = key, build()
+        return self._value
 
 
 def unit_hashes(cfg: dict) -> dict[str, str]:
@@ -200,18 +244,24 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
 
 def decode_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
                 merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
-                weights: str | None = None, models: VariantModels | None = None):
+                weights: str | None = None, models: VariantModels | None = None,
+                inputs: JobInputs | None = None):
     """Every decode item of the variant (its probe sets, or one unit), as
     records; `weights` is the variant's fingerprint when the caller has
     checked it (else it is computed here); `models` keeps a job's bases
-    loaded across its variants (else the variant is loaded fresh)."""
+    loaded across its variants (else the variant is loaded fresh), and
+    `inputs` its tokenizer and items (else they are built here)."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
-    tok = load_tokenizer(spec)
-    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    vision = load_vision(spec, tok)
-    items: list[DecodeItem] = decode_items(fmt, data_dir, cfg, probe_sets, unit, vision)
+
+    def build():
+        tok = load_tokenizer(spec)
+        vision = load_vision(spec, tok)
+        return tok, vision, decode_items(ChatFormat(tok, spec.think_open, spec.think_close), data_dir, cfg,
+                                         probe_sets, unit, vision)
+
+    tok, vision, items = (inputs or JobInputs()).get(spec, data_dir, cfg, probe_sets, unit, build)
     with (models or VariantModels()).model(spec, adapters, merged) as model:
         decoded = _decode(model, tok, items, cfg, vision)
     rows = []
@@ -313,86 +363,145 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
     return out
 
 
-def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int, vision=None) -> pl.DataFrame:
-    """One forward per length-sorted batch; every field of every scored token,
-    as columns.
+@dataclass
+class ScoringInputs:
+    """What a teacher-forced pass over `items` computes before any model
+    runs, kept for every variant of a job: the batches (length-sorted, right
+    padded), each batch's image rows and, per item, its target ids, which of
+    them are text, and the record columns that do not depend on the model
+    (ids, token strings, span labels, text pieces).  A vision-language
+    batch's 3-D positions are kept too once a model has computed them: they
+    depend on the ids, the images' grids and the checkpoint's config only,
+    which `JobInputs` holds fixed."""
 
-    On a vision-language model (`vision`) each batch's images are fed with
-    it, and the image's tokens are not scored: `position` counts the text
-    tokens after the image, so a K window covers the same text on both
-    backbones (paper B's mean20 is over the canary text).
+    items: list[ScoredItem]
+    batches: list[list[int]]
+    padded: list[object]
+    images: list[list[str | None]]
+    lengths: list[int]
+    keep: list[object]
+    columns: pl.DataFrame
+    positions: dict[int, object] = field(default_factory=dict)
 
-    Tokenization is one batched call; log-prob, rank and top-1 are computed
-    for the whole padded batch in a few tensor operations and copied to the
-    host once per batch; rows become numpy columns, not per-token dicts.
-    """
+
+def prepare_scoring(tokenizer, items: list[ScoredItem], batch_size: int, vision=None,
+                    device: str = "cpu") -> ScoringInputs:
+    """Tokenize `items` once (one batched call) and lay out everything of
+    their records that no model decides; see `score_prepared`."""
     import numpy as np
-    import torch
 
     enc = tokenizer([it.text for it in items], add_special_tokens=False, return_offsets_mapping=True)
     ids_all, offsets_all = enc["input_ids"], enc["offset_mapping"]
     vocab = np.empty(len(tokenizer), dtype=object)
     for token, index in tokenizer.get_vocab().items():
         vocab[index] = token
-    parts: list[tuple | None] = [None] * len(items)
-    image_ids = set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))) if vision else set()
-    for batch in length_sorted_batches([len(ids) for ids in ids_all], batch_size):
-        padded = pad_batch([ids_all[i] for i in batch], tokenizer.pad_token_id, side="right", device=model.device)
-        with torch.no_grad():
-            # Right padding needs no padding mask in a causal model: a real
-            # token never attends to the pads after it, and the pads' own
-            # positions are cut off below (tested against unpadded forwards).
-            ids = padded["input_ids"]
-            pictures = (vision.forward_kwargs(ids, [items[i].image for i in batch], model.device, model)
-                        if vision else {})
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **pictures).logits
-            fields = token_fields(logits[:, :-1], ids[:, 1:])
-        host = [t.cpu().numpy() for t in fields]
-        for row, i in enumerate(batch):
-            n = len(ids_all[i]) - 1
-            target = np.asarray(ids_all[i][1:], dtype=np.int64)
-            text = ~np.isin(target, list(image_ids)) if image_ids else np.ones(n, dtype=bool)
-            pieces = np.array(text_pieces(items[i].text, offsets_all[i])[1:], dtype=object)
-            parts[i] = (target[text], *(h[row, :n][text] for h in host),
-                        span_labels(offsets_all[i][1:], items[i].spans)[text], pieces[text])
-    counts = np.array([len(part[0]) for part in parts], dtype=np.int64)
+    image_ids = list(set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)))) if vision else []
+    keep, targets, labels, pieces = [], [], [], []
+    for it, ids, offsets in zip(items, ids_all, offsets_all):
+        target = np.asarray(ids[1:], dtype=np.int64)
+        text = ~np.isin(target, image_ids) if image_ids else np.ones(len(target), dtype=bool)
+        keep.append(text)
+        targets.append(target[text])
+        labels.append(span_labels(offsets[1:], it.spans)[text])
+        pieces.append(np.array(text_pieces(it.text, offsets)[1:], dtype=object)[text])
+    counts = np.array([len(t) for t in targets], dtype=np.int64)
 
-    def per_item(field: str):
-        return np.repeat(np.array([getattr(it, field) for it in items], dtype=object), counts)
+    def per_item(name: str):
+        return np.repeat(np.array([getattr(it, name) for it in items], dtype=object), counts)
 
-    token_id = np.concatenate([part[0] for part in parts])
-    return pl.DataFrame({
+    token_id = np.concatenate(targets) if targets else np.empty(0, dtype=np.int64)
+    columns = pl.DataFrame({
         "probe_set": per_item("probe_set"), "item_id": per_item("item_id"), "group_id": per_item("group_id"),
         "arm": per_item("arm"), "modality": per_item("modality"), "image_hash": per_item("image_hash"),
         "position": np.concatenate([np.arange(1, n + 1) for n in counts]).astype(np.int32),
         "token_id": token_id.astype(np.int32), "token_text": vocab[token_id],
-        "logprob": np.concatenate([part[1] for part in parts]).astype(np.float32),
-        "rank": np.concatenate([part[2] for part in parts]).astype(np.int32),
-        "top1_id": np.concatenate([part[3] for part in parts]).astype(np.int32),
-        "top1_logprob": np.concatenate([part[4] for part in parts]).astype(np.float32),
-        "vocab_mean_logprob": np.concatenate([part[5] for part in parts]).astype(np.float32),
-        "vocab_var_logprob": np.concatenate([part[6] for part in parts]).astype(np.float32),
-        "span": np.concatenate([part[7] for part in parts]),
-        "text": np.concatenate([part[8] for part in parts]),
+        "span": np.concatenate(labels), "text": np.concatenate(pieces),
     }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "modality", "image_hash",
                                               "token_text", "span", "text")})
+    batches = length_sorted_batches([len(ids) for ids in ids_all], batch_size)
+    return ScoringInputs(
+        items=items, batches=batches,
+        padded=[pad_batch([ids_all[i] for i in b], tokenizer.pad_token_id, side="right", device=device)["input_ids"]
+                for b in batches],
+        images=[[items[i].image for i in b] for b in batches],
+        lengths=[len(ids) - 1 for ids in ids_all], keep=keep, columns=columns,
+    )
+
+
+def score_prepared(model, inputs: ScoringInputs, vision=None) -> pl.DataFrame:
+    """One forward per prepared batch; every field of every scored token,
+    as columns beside the prepared ones.
+
+    On a vision-language model (`vision`) each batch's images are fed with
+    it, and the image's tokens are not scored: `position` counts the text
+    tokens after the image, so a K window covers the same text on both
+    backbones (paper B's mean20 is over the canary text).
+
+    Log-prob, rank and top-1 are computed for the whole padded batch in a
+    few tensor operations and copied to the host once per batch.
+    """
+    import numpy as np
+    import torch
+
+    fields: list[tuple | None] = [None] * len(inputs.items)
+    for b, batch in enumerate(inputs.batches):
+        ids = inputs.padded[b].to(model.device)
+        with torch.no_grad():
+            # Right padding needs no padding mask in a causal model: a real
+            # token never attends to the pads after it, and the pads' own
+            # positions are cut off below (tested against unpadded forwards).
+            ones = torch.ones_like(ids)
+            extra = vision.forward_kwargs(ids, inputs.images[b], model.device, model) if vision else {}
+            if extra:
+                if b not in inputs.positions:
+                    inputs.positions[b] = vision.positions(model, ids, ones, extra)
+                extra["position_ids"] = inputs.positions[b]
+            logits = model(input_ids=ids, attention_mask=ones, **extra).logits
+            out = token_fields(logits[:, :-1], ids[:, 1:])
+        host = [t.cpu().numpy() for t in out]
+        for row, i in enumerate(batch):
+            n, text = inputs.lengths[i], inputs.keep[i]
+            fields[i] = tuple(h[row, :n][text] for h in host)
+
+    def column(k: int, dtype):
+        return np.concatenate([f[k] for f in fields]).astype(dtype)
+
+    return inputs.columns.with_columns(
+        logprob=column(0, np.float32), rank=column(1, np.int32), top1_id=column(2, np.int32),
+        top1_logprob=column(3, np.float32), vocab_mean_logprob=column(4, np.float32),
+        vocab_var_logprob=column(5, np.float32),
+    ).select(TOKEN_COLUMNS)
+
+
+def score_tokens(model, tokenizer, items: list[ScoredItem], batch_size: int, vision=None) -> pl.DataFrame:
+    """Every field of every scored token of `items` under `model`: the
+    pass of one variant (prepare_scoring, then score_prepared)."""
+    return score_prepared(model, prepare_scoring(tokenizer, items, batch_size, vision, model.device), vision)
 
 
 def teacher_forced_pass(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg: dict, variant: str,
                         merged: bool = False, probe_sets: set[str] | None = None, unit: str | None = None,
-                        weights: str | None = None, models: VariantModels | None = None):
+                        weights: str | None = None, models: VariantModels | None = None,
+                        inputs: JobInputs | None = None):
     """Every scored item of the variant (its probe sets, or one unit), one
-    record per scored token; `weights` and `models` as in `decode_pass`."""
+    record per scored token; `weights`, `models` and `inputs` as in
+    `decode_pass`."""
     import torch
 
     torch.set_num_threads(cfg["threads"])
-    tok = load_tokenizer(spec)
-    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
-    vision = load_vision(spec, tok)
-    items = scored_items(fmt, data_dir, cfg, probe_sets, unit, vision)
+
+    def build():
+        tok = load_tokenizer(spec)
+        vision = load_vision(spec, tok)
+        items = scored_items(ChatFormat(tok, spec.think_open, spec.think_close), data_dir, cfg, probe_sets, unit,
+                             vision)
+        return vision, prepare_scoring(tok, items, cfg["batch_size"], vision)
+
+    vision, prepared = (inputs or JobInputs()).get(spec, data_dir, cfg, probe_sets, unit, build)
     t0 = time.perf_counter()
     with (models or VariantModels()).model(spec, adapters, merged) as model:
-        scored = score_tokens(model, tok, items, cfg["batch_size"], vision)
-    log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(items), scored.height, time.perf_counter() - t0)
+        scored = score_prepared(model, prepared, vision)
+    log.info("teacher-forced: %d sequences, %d tokens in %.1fs", len(prepared.items), scored.height,
+             time.perf_counter() - t0)
     weights = weights or fingerprint(spec, adapters, merged)
     return conform(stamp(scored.with_columns(variant=pl.lit(variant)), cfg, weights), "token")
