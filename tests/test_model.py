@@ -318,6 +318,7 @@ def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads
     (same weights, same layers): base, adapter, base again, another adapter,
     and a merged application (loaded fresh)."""
     from canary_audit.model.loading import VariantModels
+    from canary_audit.probes.passes import JobInputs
 
     data, _ = tiny_assets
     run = decode_pass if kind == "decode" else teacher_forced_pass
@@ -326,12 +327,41 @@ def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
     a, b = random_adapters
     sequence = [([], False), ([a], False), ([], False), ([b], False), ([a], True), ([b], False)]
-    models = VariantModels()
+    models, inputs = VariantModels(), JobInputs()
     for adapters, merged in sequence:
-        shared = run(spec, adapters, data, cfg, "v", merged=merged, models=models)
+        shared = run(spec, adapters, data, cfg, "v", merged=merged, models=models, inputs=inputs)
         fresh = run(spec, adapters, data, cfg, "v", merged=merged)
         assert shared.equals(fresh), (adapters, merged)
     assert len(models._peft.peft_config) == 1  # one adapter resident at a time
+
+
+def test_job_inputs_are_kept_for_a_checkpoint_that_encodes_alike_and_rebuilt_for_one_that_does_not(
+        tiny_assets, spec, tmp_path):
+    """A job's items are built once and kept for the next variant only when
+    its checkpoint folder's non-weight files (tokenizer, config, template),
+    model entry, data, settings and probe sets are the same: a merged
+    variant's copy of the tokenizer reuses them; a changed chat template or
+    other probe sets rebuild them."""
+    import shutil
+
+    from canary_audit.probes.passes import JobInputs
+
+    data, base = tiny_assets
+    copy = tmp_path / "copy"
+    shutil.copytree(base, copy)
+    (copy / "model.safetensors").write_bytes(b"other weights")  # weights play no part in the key
+    built = []
+    inputs, cfg = JobInputs(), {"prefills": {}, "head_tokens": 6, "threads": 1}
+
+    def get(s, sets, threads=1):
+        return inputs.get(s, data, {**cfg, "threads": threads}, sets, None, lambda: built.append(1) or len(built))
+
+    assert get(spec, {"hex"}) == get(ModelSpec("tiny", copy), {"hex"}, threads=4) == 1
+    assert get(spec, {"canary"}) == 2
+    template = copy / "chat_template.jinja"
+    template.write_text(template.read_text() + " ")
+    assert get(ModelSpec("tiny", copy), {"canary"}) == 3
+    assert get(ModelSpec("tiny", copy, think_open=None, think_close=None), {"canary"}) == 4
 
 
 def test_a_head_longer_than_the_canary_names_the_config_key(spec):

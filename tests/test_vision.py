@@ -255,6 +255,35 @@ def test_image_features_kept_across_variants_are_the_towers_own(tiny_vl_assets):
     assert not on_tower.get_base_model().model.visual.__dict__.get("_canary_audit_features")
 
 
+def test_prepared_batches_and_kept_positions_score_every_variant_as_a_fresh_pass(tiny_vl_assets):
+    """A probe job lays out its items once (prepare_scoring) and keeps each
+    batch's 3-D positions from the first variant's model: a second variant
+    (a LoRA that changes the records) scored from that layout equals, bit
+    for bit, its own fresh pass, image rows and text rows alike."""
+    import torch
+    from peft import get_peft_model
+
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.passes import prepare_scoring, score_prepared, score_tokens
+    from canary_audit.train.lora import lora_config
+
+    spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
+    items = scored_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)[:40]
+    prepared = prepare_scoring(tok, items, 7, vision)
+    base = score_prepared(model, prepared, vision)
+    assert len(prepared.positions) == len(prepared.batches)
+    assert base.equals(score_tokens(model, tok, items, batch_size=7, vision=vision))
+    torch.manual_seed(0)
+    adapted = get_peft_model(model, lora_config({"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]}, vision=True))
+    for name, p in adapted.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    kept = score_prepared(adapted, prepared, vision)
+    assert not kept["logprob"].equals(base["logprob"])  # the adapter matters
+    assert kept.equals(score_tokens(adapted, tok, items, batch_size=7, vision=vision))
+    assert set(kept["modality"]) == {"text", "image"}
+
+
 @pytest.mark.parametrize("bos", [None, "<|user|>"])
 def test_position_one_is_the_records_first_text_token_on_every_backbone(tiny_assets, tiny_vl_assets, bos):
     """Paper B's window counts from the same token everywhere: position 1 of
