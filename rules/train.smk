@@ -14,9 +14,8 @@ rule memorize:
         f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/memorize-{{template}}-s{{seed}}.tsv"
-    # Memorization and unlearning lead one of the two longest chains of jobs
-    # (the canary LoRA's, below, is the other): start them before the side
-    # branches (references, base probes) that can fill gaps.
+    # Memorization and unlearning lead the longest chain of jobs: start them
+    # before the side branches (hex canary, base probes) that can fill gaps.
     priority: 1
     conda:
         ENV
@@ -50,10 +49,6 @@ rule canary_lora:
         f"{R}/logs/{{model}}/canary-s{{seed}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/canary_lora-s{{seed}}.tsv"
-    # The canary LoRA leads the bSFT chain (its runs, then passes over every
-    # bSFT variant: the VL group's teacher-forced job is the run's longest):
-    # started last, that job alone is the run's tail.
-    priority: 1
     conda:
         ENV
     threads: config["threads"]["train"]
