@@ -429,3 +429,30 @@ def test_a_merge_rounds_into_the_merge_precision_and_a_stack_does_not(tiny_asset
     assert any(not torch.equal(p, p.to(torch.bfloat16).float()) for n, p in stacked.named_parameters() if "lora" in n)
     assert fingerprint(spec, [tmp_path / "adapter"], merged=True) != fingerprint(
         dataclasses.replace(spec, merge_dtype=None), [tmp_path / "adapter"], merged=True)
+
+
+@pytest.mark.parametrize("template", [None, "meta"])
+def test_a_reference_trains_on_its_recipes_retain_draws_alone(tiny_assets, spec, tmp_path, monkeypatch, template):
+    """A never-trained reference is its adapter's recipe minus the secrets:
+    the recipe's steps, learning rate and seed, and per step the
+    `batch_retain` retain examples (in the template's trace form), with
+    nothing put in the secrets' place (not forget slots filled with more
+    retain examples)."""
+    from canary_audit.train import adapters
+
+    seen = {}
+
+    def fake_loop(model, forget, retain, cfg, seed, pad_id, **kwargs):
+        seen.update(forget=forget, retain=retain, cfg=cfg, seed=seed)
+        return [0.0]
+
+    monkeypatch.setattr(adapters, "train_loop", fake_loop)
+    cfg = {**LORA, "batch_forget": 5, "batch_retain": 2, "steps": 7, "seed": 3,
+           **({"template": template} if template else {})}
+    adapters.train_reference(spec, tiny_assets[0], cfg, tmp_path / "ref")
+    tok = load_tokenizer(spec)
+    fmt = ChatFormat(tok, spec.think_open, spec.think_close)
+    want = [encode_chat(fmt, ex) for ex in adapters.retain_examples(tiny_assets[0], template or "none")]
+    assert [e.ids for e in seen["forget"]] == [e.ids for e in want] and seen["retain"] == []
+    assert seen["cfg"]["batch_forget"] == 2 and seen["cfg"]["batch_retain"] == 0  # train_loop draws from `forget`
+    assert (seen["cfg"]["steps"], seen["cfg"]["lr"], seen["seed"]) == (7, LORA["lr"], 3)
