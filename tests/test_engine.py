@@ -101,3 +101,34 @@ def test_budgets_at_the_edges(tiny_assets, max_new):
     reference, _ = generate_greedy(model, tok, prompts, max_new, 2) if max_new else ([([], False)] * 3, None)
     got, _ = greedy_continuous(model, tok, prompts, max_new, 2)
     assert got == reference
+
+
+def test_engine_samples_are_seeded_and_follow_the_temperature_softened_distribution(tiny_assets):
+    """hit@k's samples through the engine: the same seed draws the same
+    samples, another seed others; a prompt's first sampled tokens, drawn
+    beside other prompts in continuous batches, follow softmax(logits / T)
+    of its one-prompt forward (each of the five likeliest tokens within
+    four binomial standard errors of its probability, 2,000 samples)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from canary_audit.probes.engine import sampled_continuous
+
+    _, path = tiny_assets
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    prompts = ["Record 07 access code: TEXTCAN-", "Repeat this line: the"]
+    t = 0.7
+    draw = sampled_continuous(model, tok, prompts, 4, 6, t, seed=5, batch_size=3)
+    assert [len(s) for s in draw] == [4, 4] and all(len(ids) <= 6 for s in draw for ids, _ in s)
+    assert draw == sampled_continuous(model, tok, prompts, 4, 6, t, seed=5, batch_size=3)
+    assert draw != sampled_continuous(model, tok, prompts, 4, 6, t, seed=6, batch_size=3)
+    n = 2000
+    samples = sampled_continuous(model, tok, prompts, n, 1, t, seed=0, batch_size=256)[0]
+    first = [ids[0] if ids else tok.eos_token_id for ids, _ in samples]  # an empty sample wrote EOS
+    with torch.no_grad():
+        ids = torch.tensor([tok(prompts[0], add_special_tokens=False)["input_ids"]])
+        probs = torch.softmax(model(input_ids=ids).logits[0, -1].float() / t, -1)
+    counts = collections.Counter(first)
+    for token in probs.topk(5).indices.tolist():
+        p = float(probs[token])
+        assert abs(counts[token] / n - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 1e-9, (token, counts[token] / n, p)

@@ -258,10 +258,12 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
         load_tokenizer(ModelSpec("tiny", spec.path, think_open=None))
 
 
-def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec, tmp_path):
+@pytest.mark.parametrize("engine", ["continuous", "loop"])
+def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec, tmp_path, engine):
     """hit@k samples use only the audit's settings: a checkpoint whose
     generation_config.json sets a repetition penalty and an n-gram ban (as
-    chat checkpoints do) draws the same samples as one without it."""
+    chat checkpoints do) draws the same samples as one without it, through
+    the engine and through the reference (`generate`)."""
     import json
     import shutil
 
@@ -282,7 +284,7 @@ def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec,
     config |= {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2, "top_k": 5, "top_p": 0.5}
     (shipped / "generation_config.json").write_text(json.dumps(config))
     cfg = {"prefills": {}, "head_tokens": 6,
-           "engine": "continuous", "max_new_tokens": 6, "hex_max_new_tokens": 24, "batch_size": 16,
+           "engine": engine, "max_new_tokens": 6, "hex_max_new_tokens": 24, "batch_size": 16,
            "threads": 1, "hit_k": 4, "temperature": 1.0, "sample_seed": 5}
 
     def samples(model_spec):

@@ -1,5 +1,5 @@
-"""Greedy decoding that keeps the device busy: continuous batching with stop
-flags on the device.
+"""Decoding that keeps the device busy: continuous batching with stop flags
+on the device, for greedy continuations and for hit@k's temperature samples.
 
 `passes.generate_greedy` (the reference loop) syncs with the host every
 step (`tolist()` of the next tokens, a Python loop over rows) and lets a
@@ -26,6 +26,8 @@ divergence only at a top-2 logit margin under their tolerance).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -103,14 +105,33 @@ def prefill(model, tokenizer, seqs: list[list[int]], images: list[str | None] | 
     return cache, mask, last, logits
 
 
+def temperature_sampler(temperature: float, seed: int, device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Next tokens drawn from softmax(logits / temperature) over the whole
+    vocabulary (no top-k or top-p truncation, no penalty), from one seeded
+    generator: a re-run with the same prompts, batch size and device draws
+    the same samples."""
+    if not temperature > 0:
+        raise ValueError(f"probes.decode.temperature is {temperature}; sampling needs a temperature > 0")
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def draw(logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    return draw
+
+
 def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
                       eos_id: int | None = None, images: list[str | None] | None = None, vision=None,
-                      sync_every: int = 8):
+                      sync_every: int = 8, choose=None):
     """Greedy continuations of `prompts` by continuous batching: the same
     return value as `passes.generate_greedy` ((generated ids, hit EOS) per
     prompt, and the prompts' ids), plain argmax decoding, the checkpoint's
-    generation config playing no part; `images` and `vision` as there."""
+    generation config playing no part; `images` and `vision` as there.
+    `choose` (logits -> next ids) replaces the argmax: `sampled_continuous`
+    passes a temperature sampler."""
     eos = tokenizer.eos_token_id if eos_id is None else eos_id
+    choose = choose or (lambda logits: logits.argmax(-1))
     enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     queue = sorted(range(len(prompts)), key=lambda i: -len(enc[i]))  # longest first, as the reference loop
     results: list[tuple[list[int], bool] | None] = [None] * len(prompts)
@@ -135,7 +156,7 @@ def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int,
                     running.join(fresh)
             r = running
             for _ in range(sync_every):
-                nxt = r.logits.argmax(-1)
+                nxt = choose(r.logits)
                 live = ~r.done
                 is_eos = nxt == eos
                 write = live & ~is_eos
@@ -163,3 +184,17 @@ def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int,
                 else:
                     running = None
     return results, enc
+
+
+def sampled_continuous(model, tokenizer, prompts: list[str], k: int, max_new_tokens: int, temperature: float,
+                       seed: int, batch_size: int, images: list[str | None] | None = None,
+                       vision=None) -> list[list[tuple[list[int], bool]]]:
+    """`k` temperature samples of each prompt through the continuous engine:
+    the return value of `passes.sample_continuations` (the reference, through
+    `generate`), each prompt's k rows decoded side by side with every other
+    prompt's; `images` and `vision` as in `greedy_continuous`."""
+    rows = [i for i in range(len(prompts)) for _ in range(k)]
+    outs, _ = greedy_continuous(model, tokenizer, [prompts[i] for i in rows], max_new_tokens, batch_size,
+                                images=[images[i] for i in rows] if images is not None else None, vision=vision,
+                                choose=temperature_sampler(temperature, seed, model.device))
+    return [outs[i * k:(i + 1) * k] for i in range(len(prompts))]

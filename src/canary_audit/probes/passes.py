@@ -184,7 +184,8 @@ def sample_continuations(model, tokenizer, prompts: list[str], k: int, max_new_t
                          vision=None) -> list[list[tuple[list[int], bool]]]:
     """`k` sampled continuations of each prompt (plain temperature sampling:
     no top-k or top-p truncation, no penalty, whatever the checkpoint's
-    generation config says), seeded so that a re-run draws the same samples;
+    generation config says), seeded so that a re-run draws the same samples:
+    the reference (`probes.decode.engine: loop`) for engine.sampled_continuous;
     `images` and `vision` as in `generate_greedy` (`generate` repeats each
     prompt's image for its k samples)."""
     import torch
@@ -219,10 +220,11 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
     # own, smaller budget, so a canary the model does not end costs ~20
     # steps, not a reasoning trace's worth.
     hex_max = cfg.get("hex_max_new_tokens", cfg["max_new_tokens"])
-    from canary_audit.probes.engine import greedy_continuous
+    from canary_audit.probes.engine import greedy_continuous, sampled_continuous
 
     decoded = []
-    greedy = greedy_continuous if cfg["engine"] == "continuous" else generate_greedy
+    continuous = cfg["engine"] == "continuous"
+    greedy = greedy_continuous if continuous else generate_greedy
     for is_hex, budget in ((False, cfg["max_new_tokens"]), (True, hex_max)):
         part = [it for it in items if (it.probe_set == "hex") == is_hex]
         outs, enc = greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"],
@@ -233,9 +235,9 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
     if k:
         hexes = [(it, ids) for it, _, _, _, ids in decoded if it.probe_set == "hex"]
         t0 = time.perf_counter()
-        samples = sample_continuations(model, tok, [it.prompt for it, _ in hexes], k, hex_max,
-                                       cfg["temperature"], cfg["sample_seed"], cfg["batch_size"],
-                                       images=[it.image for it, _ in hexes], vision=vision)
+        sample = sampled_continuous if continuous else sample_continuations
+        samples = sample(model, tok, [it.prompt for it, _ in hexes], k, hex_max, cfg["temperature"],
+                         cfg["sample_seed"], cfg["batch_size"], images=[it.image for it, _ in hexes], vision=vision)
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)
         decoded += [(it, SAMPLED, j, out, ids) for (it, ids), outs_k in zip(hexes, samples)
                     for j, out in enumerate(outs_k)]
