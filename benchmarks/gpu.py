@@ -116,9 +116,9 @@ def main() -> int:
 
     import torch
 
-    from canary_audit.probes.engine import greedy_continuous
+    from canary_audit.probes.engine import greedy_continuous, sampled_continuous
     from canary_audit.probes.items import ScoredItem
-    from canary_audit.probes.passes import generate_greedy, score_tokens
+    from canary_audit.probes.passes import generate_greedy, sample_continuations, score_tokens
     from canary_audit.train.lora import Encoded, lora_config, train_loop
 
     cuda = torch.cuda.is_available() and args.size != "tiny"
@@ -155,6 +155,12 @@ def main() -> int:
     report("decode engine", sum(len(ids) for ids, _ in fast), fast_seconds, 2 * n_flop, args.peak_tflops)
     print(f"decode engine / reference loop: {seconds / fast_seconds:.2f}x the tokens/s; "
           f"{sum(a == b for a, b in zip(outs, fast))} of {len(outs)} continuations equal")
+    # hit@k: k temperature samples per prompt, `generate` (the reference) against the engine.
+    k, few = 8, prompts[: max(1, args.sequences // 8)]
+    for label, sample in (("sampled, generate", sample_continuations), ("sampled, engine", sampled_continuous)):
+        drawn, took = timed(lambda fn=sample: fn(model, tok, few, k, args.new_tokens, 0.3, 0, args.batch_size))
+        report(f"decode {label}", sum(len(ids) for per in drawn for ids, _ in per), took, 2 * n_flop,
+               args.peak_tflops, memory=False)
 
     # LoRA training: r=32 on every projection, batches of forget + retain sequences.
     from peft import get_peft_model
