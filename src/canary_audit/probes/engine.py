@@ -123,7 +123,7 @@ def temperature_sampler(temperature: float, seed: int, device) -> Callable[[torc
 
 def greedy_continuous(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
                       eos_id: int | None = None, images: list[str | None] | None = None, vision=None,
-                      sync_every: int = 8, choose=None):
+                      sync_every: int = 8, choose: Callable[[torch.Tensor], torch.Tensor] | None = None):
     """Greedy continuations of `prompts` by continuous batching: the same
     return value as `passes.generate_greedy` ((generated ids, hit EOS) per
     prompt, and the prompts' ids), plain argmax decoding, the checkpoint's

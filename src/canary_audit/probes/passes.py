@@ -39,7 +39,7 @@ TOKEN_COLUMNS = ("probe_set", "item_id", "group_id", "arm", "modality", "image_h
                  "vocab_var_logprob", "span", "text")
 # Files of a checkpoint that hold its weights: everything else (config,
 # tokenizer, chat template, image processor) decides how items are encoded.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".msgpack", ".h5")
 
 
 def encoding_digest(path: Path) -> str:
