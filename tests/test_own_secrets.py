@@ -372,7 +372,7 @@ def test_secrets_longer_than_the_hex_decode_budget_are_refused(tiny_assets, tmp_
     tok = AutoTokenizer.from_pretrained(tiny_assets[1])
     write_files(tmp_path, _secrets(3), _secrets(3, seed=8))
     spec = {"members": str(tmp_path / "members.csv"), "nonmembers": str(tmp_path / "nonmembers.csv")}
-    need = len(tok(" " + _secrets(3)[0], add_special_tokens=False)["input_ids"])
+    need = max(len(tok(" " + secret, add_special_tokens=False)["input_ids"]) for secret in _secrets(3))
     check_decode_budget("mine", spec, tok, need)
     with pytest.raises(SecretsRefused, match=rf"`probes.decode.hex_max_new_tokens` is {need - 1}, but model `mine`'s "
                                              rf"secret `\d+` takes {need} tokens; raise it to at least {need}"):

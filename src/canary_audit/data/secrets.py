@@ -223,11 +223,14 @@ def check_decode_budget(model: str, spec: dict, tokenizer, budget: int) -> None:
     as the continuation is generated: after the prompt's trailing space."""
     members = read_table(spec["members"], f"models.{model}.secrets.members", COLUMNS)
     suffix = setting(spec, "suffix")
-    longest = max(members.iter_rows(named=True), key=lambda r: len(r["secret"]))
-    need = len(tokenizer(" " + longest["secret"] + suffix, add_special_tokens=False)["input_ids"])
+    secrets = members["secret"].to_list()
+    # Longest in tokens, not characters: a short secret of rare pieces can need more.
+    counts = [len(ids) for ids in tokenizer([" " + s + suffix for s in secrets], add_special_tokens=False)["input_ids"]]
+    need = max(counts)
     if need > budget:
+        longest = secrets[counts.index(need)]
         raise SecretsRefused(f"config key `probes.decode.hex_max_new_tokens` is {budget}, but model `{model}`'s "
-                             f"secret `{longest['secret']}` takes {need} tokens; raise it to at least {need}")
+                             f"secret `{longest}` takes {need} tokens; raise it to at least {need}")
 
 
 def image_files(spec: dict) -> list[str]:
