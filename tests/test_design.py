@@ -471,6 +471,19 @@ def test_the_readme_stays_short_and_points_only_at_pages_that_exist():
         assert (ROOT / page).is_file(), page
 
 
+def test_the_readmes_short_result_is_the_one_docs_results_md_gives():
+    """Every figure of the README's short result is the one docs/results.md
+    lists from its run (rendered from canary_audit/readme_result.md): a
+    regenerated results page fails this test until `summary --readme`
+    rewrites the README."""
+    from canary_audit.headline import figures_from_markdown, readme_block, render
+
+    figures = figures_from_markdown((ROOT / "docs" / "results.md").read_text())
+    assert readme_block((ROOT / "README.md").read_text()) == render(figures), (
+        "README.md's short result differs from docs/results.md's figures: run `python -m canary_audit summary "
+        "--tables results/tables --out docs/results.md --readme README.md` on the run's tables")
+
+
 def test_the_rules_conda_environment_holds_the_requirements_and_the_package():
     """envs/canary-audit.yaml (the rules' `conda:` directive; not a tested
     install route) pins what requirements.txt pins and installs this

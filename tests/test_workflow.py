@@ -184,6 +184,28 @@ def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
     assert f"| {sweep['template']} | {sweep['run']} | {sweep['k']} | {round(sweep['out_acc'], 2)} [" in text
 
 
+def test_the_readme_short_result_is_rewritten_from_the_runs_figures(smoke_run, tmp_path):
+    """`summary --readme` fills every figure the README's template names
+    from a run's tables (the smoke run holds both default models), lists
+    them at the end of the results page, and replaces only the README's
+    short result; the figures quote the tables' cells."""
+    from canary_audit.cli import main
+    from canary_audit.headline import BEGIN, END, figures_from_markdown, readme_block, render
+
+    tables, out, readme = smoke_run / "results" / "smoke" / "tables", tmp_path / "results.md", tmp_path / "README.md"
+    before = (ROOT / "README.md").read_text()
+    readme.write_text(before)
+    main(["summary", "--tables", str(tables), "--out", str(out), "--readme", str(readme)])
+    figures = figures_from_markdown(out.read_text())
+    after = readme.read_text()
+    assert readme_block(after) == render(figures)
+    assert after.split(BEGIN)[0] == before.split(BEGIN)[0] and after.split(END)[1] == before.split(END)[1]
+    recall = pl.read_csv(tables / "hex_recall.csv").filter(pl.col("variant") == "tiny/canary-s0").row(0, named=True)
+    assert figures["hit1_tiny_text"] == f"{round(recall['hit_at_1'] * recall['n'])} of {recall['n']}"
+    guard = pl.read_csv(tables / "blind_baseline.csv")
+    assert figures["guard_checks"] == str(guard.height) and figures["guard_failed"] == str(guard["failed"].sum())
+
+
 def test_nothing_to_do_after_a_finished_run(smoke_run):
     assert planned_jobs(smoke_run) == {}
 

@@ -279,7 +279,7 @@ def cmd_plots(args, params):
 def cmd_summary(args, params):
     from canary_audit.summary import write_summary
 
-    return write_summary(Path(args.tables), Path(args.out))
+    return write_summary(Path(args.tables), Path(args.out), Path(args.readme) if args.readme else None)
 
 
 COMMANDS = {
@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", help="tables folder (plots are drawn from its CSVs)")
     p.add_argument("--out", nargs="*", default=[None], help="output path(s) (every command but status)")
     p.add_argument("--summary", help="where to write a JSON summary")
+    p.add_argument("--readme", help="summary: the README whose short result is rewritten from the run's figures")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--import-check", help="an imported variant's entry and the base it must fit, as JSON (variant)")
     p.add_argument("--weight-cache", help="folder of cached weight-file digests (variant manifests, probe passes)")

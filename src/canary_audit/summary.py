@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.headline import TEXT, VL, figures_markdown, headline_figures, holds_headline_models, write_readme
 from canary_audit.papers import beside_ours
 from canary_audit.tables import to_markdown
 
@@ -134,8 +135,10 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     return out
 
 
-def write_summary(tables: Path, out: Path) -> dict[str, int]:
-    """Write the summary page; returns the rows of each section."""
+def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[str, int]:
+    """Write the summary page; returns the rows of each section.  A run of
+    the default audit's two models ends the page with the figures the
+    README's short result quotes, and rewrites that section of `readme`."""
     provenance = _read(tables, "provenance")
     versions = sorted(provenance["code_version"].unique()) if provenance is not None else []
     parts = [
@@ -149,6 +152,14 @@ def write_summary(tables: Path, out: Path) -> dict[str, int]:
     for title, sentence, frame in sections(tables):
         parts.append(f"## {title}\n\n{sentence}\n\n{to_markdown(frame)}")
         rows[title] = frame.height
+    figures = headline_figures(tables) if holds_headline_models(tables) else None
+    if figures is not None:
+        parts.append(figures_markdown(figures))
+    if readme is not None:
+        if figures is None:
+            raise ValueError(f"--readme {readme}: the README quotes the default audit's models "
+                             f"({TEXT}, {VL}), which {tables} does not hold; drop --readme for this run")
+        write_readme(readme, figures)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts))
     return rows
