@@ -16,7 +16,15 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data import pools
-from canary_audit.data.synthetic import HEX_LEN, PREAMBLE, Author, canary_sentence, hex_record, random_hex
+from canary_audit.data.synthetic import (
+    CANARY_PREFIX,
+    HEX_LEN,
+    PREAMBLE,
+    Author,
+    canary_sentence,
+    hex_record,
+    random_hex,
+)
 from canary_audit.formats import (
     TEMPLATES,
     ChatFormat,
@@ -169,10 +177,12 @@ def pretrain_hex_records(n: int, seed: int) -> list[str]:
     """Random (non-canary) hex records, so the record format and the hex tokens
     exist in the base model and the canary LoRA only has to learn secrets.
 
-    Digits are pre-tokenized one by one, so a hex string's tokens are single
-    digits and runs of the letters a-f.  Besides `n` random records, a fixed
+    Digits are pre-tokenized one by one, and the tokenizer learns no merge
+    from hex (build_embedded), so a hex string's tokens are single digits and
+    the short letter pieces prose uses.  Besides `n` random records, a fixed
     set of records contains every a-f run of length 1-4 between digits: every
-    token a secret can contain is then seen in pre-training, whatever the seed.
+    token a secret can contain is then predicted in pre-training after hex,
+    whatever the seed.
     """
     rng = random.Random(f"pretrainhex:{seed}")
     runs = ["".join(p) for k in range(1, 5) for p in itertools.product("abcdef", repeat=k)]
@@ -318,11 +328,18 @@ def build_embedded(out_dir: Path, data_dir: Path, cfg: dict, seed: int) -> dict:
         + [s for _, _, s in pools.RETAIN_FACTS]
         + [f"Many books were published in {y}." for y in YEARS]
     )
-    # Hex canaries stay out of the tokenizer's training text: merges learned
-    # from 20 secrets would be tokens the pre-training corpus never shows.
+    # No hex string is in the tokenizer's training text, only the records'
+    # frame (preamble, `TEXTCAN-`, `-END`): merges learned from random hex are
+    # letter runs (`acbf`, `aecc`) that pre-training predicts a handful of
+    # times, whose output embeddings (frozen under LoRA) the canary LoRA
+    # cannot raise past a common token.  Measured on the default audit: the
+    # canaries holding such a 3- or 4-letter token were the ones greedy
+    # decoding missed (text hit@1 19/20 and 17/20 on the two models; 20/20
+    # with prose-only merges, which cut hex into the short pieces prose uses).
     fictional_words = [a.bio for a in fictional] + qa["question"].to_list() + qa["answer"].to_list()
+    frames = [hex_record(record.split(CANARY_PREFIX)[0], "\n") for record in hex_records]
     tokenizer = train_tokenizer(
-        plain_distractor + hex_records + fictional_words, cfg["tokenizer"]["vocab_size"]
+        plain_distractor + frames + fictional_words, cfg["tokenizer"]["vocab_size"]
     )
     fmt = ChatFormat(tokenizer, THINK_OPEN, THINK_CLOSE)
     n_head = cfg["head_tokens"]
