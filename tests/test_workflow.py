@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -187,8 +188,9 @@ def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
 def test_the_readme_short_result_is_rewritten_from_the_runs_figures(smoke_run, tmp_path):
     """`summary --readme` fills every figure the README's template names
     from a run's tables (the smoke run holds both default models), lists
-    them at the end of the results page, and replaces only the README's
-    short result; the figures quote the tables' cells."""
+    them at the end of the results page, replaces only the README's short
+    result, and puts the run's own pictures where that section shows them;
+    the figures quote the tables' cells."""
     from canary_audit.cli import main
     from canary_audit.headline import BEGIN, END, figures_from_markdown, readme_block, render
 
@@ -204,6 +206,9 @@ def test_the_readme_short_result_is_rewritten_from_the_runs_figures(smoke_run, t
     assert figures["hit1_tiny_text"] == f"{round(recall['hit_at_1'] * recall['n'])} of {recall['n']}"
     guard = pl.read_csv(tables / "blind_baseline.csv")
     assert figures["guard_checks"] == str(guard.height) and figures["guard_failed"] == str(guard["failed"].sum())
+    pictures = re.findall(r"\]\((docs/[\w.-]+\.png)\)", readme_block(after))
+    assert pictures and all((tmp_path / p).read_bytes() == (tables.parent / "plots" / Path(p).name).read_bytes()
+                            for p in pictures)
 
 
 def test_nothing_to_do_after_a_finished_run(smoke_run):

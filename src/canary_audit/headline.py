@@ -16,6 +16,7 @@ model) and `tiny_vl` (the vision-language one), and its first seed.
 from __future__ import annotations
 
 import re
+import shutil
 import string
 import textwrap
 from collections.abc import Iterable
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.papers import SAME, Run, _ci, beside_ours
+from canary_audit.papers import SAME, Run, beside_ours, ci_text
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
 BEGIN = "<!-- short result: written by `python -m canary_audit summary --readme README.md` from a run's tables -->"
@@ -32,12 +33,17 @@ SECTION = "Figures the README quotes"
 TEXT, VL = "tiny", "tiny_vl"
 
 
-def _span(values: Iterable[float], digits: int) -> str:
-    """`lo-hi` of `values` at `digits` (one value when both ends round
-    alike); `lo to hi` when a negative end would read as a dash."""
+def _sorted(values: Iterable[float]) -> list[float]:
     vals = sorted(float(v) for v in values)
     if not vals:
         raise ValueError("no values to quote: the run lacks a row the README's short result reads")
+    return vals
+
+
+def _span(values: Iterable[float], digits: int) -> str:
+    """`lo-hi` of `values` at `digits` (one value when both ends round
+    alike); `lo to hi` when a negative end would read as a dash."""
+    vals = _sorted(values)
     lo, hi = (f"{v:.{digits}f}" for v in (vals[0], vals[-1]))
     if lo == hi:
         return lo
@@ -45,7 +51,8 @@ def _span(values: Iterable[float], digits: int) -> str:
 
 
 def _signed_span(values: Iterable[float], digits: int) -> str:
-    vals = sorted(float(v) for v in values)
+    """`+lo to +hi` of `values` at `digits`, signs shown (PrivLeak)."""
+    vals = _sorted(values)
     lo, hi = (f"{v:+.{digits}f}" for v in (vals[0], vals[-1]))
     return lo if lo == hi else f"{lo} to {hi}"
 
@@ -87,7 +94,7 @@ def _sweep_figures(run: Run) -> dict[str, str]:
     out["k_max"] = str(ks[-1])
     unlearned = sweep.filter(pl.col("k") > 0)
     widest = unlearned.sort("gap", descending=True).row(0, named=True)
-    out["bio_gap"] = _ci(widest, "gap")
+    out["bio_gap"] = ci_text(widest, "gap")
     out["bio_gap_at"] = f"{widest['run'].upper()} at K = {widest['k']}"
     papers = beside_ours(run.tables)
     gap = _one(papers.filter(pl.col("claim").str.starts_with("parser-split bypass gap")), "the bypass-gap claim")
@@ -134,7 +141,8 @@ def _canary_figures(run: Run) -> dict[str, str]:
     drift = pairs.select(pl.max_horizontal(pl.col("delta_window_merged_minus_stacked").abs(),
                                            pl.col("delta_secret_merged_minus_stacked").abs()).max()).item()
     out["merge_nll"] = f"{drift:.0e}".replace("e-0", "e-")
-    out["merge_hit1_cells"] = str(pairs.filter(pl.col("hit1_merged_minus_stacked") != 0).height)
+    flips = pairs.filter(pl.col("hit1_merged_minus_stacked") != 0).height
+    out["merge_hit1"] = "never in hit@1" if flips == 0 else f"in hit@1 in {flips} of {pairs.height} pairs"
     return out
 
 
@@ -234,7 +242,20 @@ def readme_block(readme: str) -> str:
     return readme[start:stop + len(END)]
 
 
-def write_readme(readme: Path, figures: dict[str, str]) -> None:
-    """Replace the README's short result by one rendered from `figures`."""
+def write_readme(readme: Path, figures: dict[str, str], plots: Path) -> list[Path]:
+    """Replace the README's short result by one rendered from `figures`, and
+    the pictures it shows (`docs/<name>.png`, beside the README) by the
+    run's own from `plots`; returns the pictures copied.  A picture the run
+    did not draw is refused: the section says they come from that run."""
+    block = render(figures)
+    pictures = [readme.parent / p for p in re.findall(r"\]\((docs/[\w.-]+\.png)\)", block)]
+    missing = [p.name for p in pictures if not (plots / p.name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the README's short result shows {missing}, which {plots} does not hold: run "
+                                "the workflow's `plots` rule on that run first")
+    for picture in pictures:
+        picture.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(plots / picture.name, picture)
     text = readme.read_text()
-    readme.write_text(text.replace(readme_block(text), render(figures)))
+    readme.write_text(text.replace(readme_block(text), block))
+    return pictures

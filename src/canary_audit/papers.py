@@ -63,7 +63,9 @@ class Run:
         return name, self.variants[name]["parent"]
 
 
-def _ci(row: dict, column: str, digits: int = 2) -> str:
+def ci_text(row: dict, column: str, digits: int = 2) -> str:
+    """A table row's `column` as `value [lo, hi]` (signed for gaps and
+    Deltas), the value alone where the table has no CI for it."""
     value = f"{row[column]:+.{digits}f}" if column.startswith(("gap", "delta")) else f"{row[column]:.{digits}f}"
     if f"{column}_lo" in row and row[f"{column}_lo"] is not None:
         return f"{value} [{row[f'{column}_lo']:.{digits}f}, {row[f'{column}_hi']:.{digits}f}]"
@@ -104,7 +106,7 @@ def unlearned_out_acc(run: Run) -> Ours:
     verdict = SAME if after["out_acc_hi"] < before["out_acc"] else NOT_REPRODUCED
     why = ("K=%d's CI below the memorized adapter's out_acc" if verdict == SAME else
            "K=%d's CI reaches the memorized adapter's out_acc") % k
-    return Ours(f"{_ci(before, 'out_acc')} -> {_ci(after, 'out_acc')}", verdict, why,
+    return Ours(f"{ci_text(before, 'out_acc')} -> {ci_text(after, 'out_acc')}", verdict, why,
                 f"k_sweep: bio, {after['run']}, seed {after['seed']}, K=0 and K={k}")
 
 
@@ -115,7 +117,7 @@ def bypass_gap(run: Run) -> Ours:
     fields = run.variants[head[0]]
     row = _sweep(run, sweep, head[0], [fields["k"]]).row(0, named=True)
     verdict, why = _signed(row, "gap", "the gap's")
-    return Ours(f"{_ci(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})", verdict, why,
+    return Ours(f"{ci_text(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})", verdict, why,
                 f"k_sweep: bio, {fields['run']}, seed {fields['seed']}, K={fields['k']}")
 
 
@@ -125,7 +127,7 @@ def delta_ab(run: Run) -> Ours:
         return _no_headline()
     row = arms.filter(pl.col("variant") == head[0]).row(0, named=True)
     verdict, why = _signed(row, "delta_ab", "Delta_AB's")
-    return Ours(f"{_ci(row, 'delta_ab')} ({row['auto']:.2f} - {row['prefill_bio']:.2f})", verdict, why,
+    return Ours(f"{ci_text(row, 'delta_ab')} ({row['auto']:.2f} - {row['prefill_bio']:.2f})", verdict, why,
                 f"prefill_arms: {head[0]}")
 
 
@@ -144,7 +146,8 @@ def parser_flip(run: Run) -> Ours:
     gaps = {m: wide.filter((pl.col("variant") == variant) & (pl.col("convention") == c)).row(0, named=True)
             for m, c in names.items()}
     flips = gaps["answer"]["gap_hi"] < 0 < gaps["trace"]["gap_lo"]
-    return Ours(f"{_ci(gaps['answer'], 'gap')} vs {_ci(gaps['trace'], 'gap')}", SAME if flips else NOT_REPRODUCED,
+    return Ours(f"{ci_text(gaps['answer'], 'gap')} vs {ci_text(gaps['trace'], 'gap')}",
+                SAME if flips else NOT_REPRODUCED,
                 "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else "the CIs do not flip sign",
                 f"parser_conventions: {variant} ({worst['missing_close']:.0%} missing)")
 
@@ -177,7 +180,7 @@ def teacher_forced_vs_greedy(run: Run) -> Ours:
     row = tf.filter((pl.col("variant") == head[0]) & (pl.col("arm") == "prefill_bio")).row(0, named=True)
     auto = _sweep(run, sweep, head[0], [fields["k"]]).row(0, named=True)
     higher = row["tf_top1_rate_lo"] > auto["out_acc_hi"]
-    return Ours(f"{_ci(row, 'tf_top1_rate')} vs {_ci(auto, 'out_acc')}", SAME if higher else NOT_REPRODUCED,
+    return Ours(f"{ci_text(row, 'tf_top1_rate')} vs {ci_text(auto, 'out_acc')}", SAME if higher else NOT_REPRODUCED,
                 "teacher-forced top-1 CI above greedy out_acc's" if higher else "the two CIs overlap",
                 f"teacher_forced_vs_greedy: {head[0]}, prefill_bio; k_sweep: its AUTO out_acc")
 
@@ -193,7 +196,7 @@ def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
         return Ours("not observed", NOT_REPRODUCED, f"no cell of the grid reads `{diagnosis}` (cells of this kind: "
                     f"{seen or 'none'})", "bsft_matrix: diagnosis")
     row = found.row(0, named=True)
-    value = (f"Delta mean-K {_ci(row, 'delta_window', 4)}, Delta secret {_ci(row, 'delta_secret', 4)}, "
+    value = (f"Delta mean-K {ci_text(row, 'delta_window', 4)}, Delta secret {ci_text(row, 'delta_secret', 4)}, "
              f"hit@1 {row['ref_hit1']:.2f} -> {row['hit1']:.2f}")
     return Ours(value, SAME, f"{found.height} of {cells.height} cells read `{diagnosis}`",
                 f"bsft_matrix: {row['model']} {row['modality']} {row['cell']}")

@@ -138,7 +138,8 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
 def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[str, int]:
     """Write the summary page; returns the rows of each section.  A run of
     the default audit's two models ends the page with the figures the
-    README's short result quotes, and rewrites that section of `readme`."""
+    README's short result quotes, and rewrites that section of `readme`
+    and the pictures it shows (from the run's plots folder)."""
     provenance = _read(tables, "provenance")
     versions = sorted(provenance["code_version"].unique()) if provenance is not None else []
     parts = [
@@ -159,7 +160,7 @@ def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[s
         if figures is None:
             raise ValueError(f"--readme {readme}: the README quotes the default audit's models "
                              f"({TEXT}, {VL}), which {tables} does not hold; drop --readme for this run")
-        write_readme(readme, figures)
+        write_readme(readme, figures, tables.parent / "plots")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts))
     return rows
