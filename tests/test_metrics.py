@@ -157,6 +157,16 @@ def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
     assert rows["K sweep"] == 1 and rows["The papers' numbers beside this run"] == 10
     page = (tmp_path / "results.md").read_text()
     assert "(author-clustered bootstrap 90% CIs)" in page and "95%" not in page
+    # Not a run of the default audit: no README figures, and `--readme` is refused
+    # (naming what is missing) before the README is touched.
+    assert "Figures the README quotes" not in page
+    readme = tmp_path / "README.md"
+    readme.write_text("untouched\n")
+    from canary_audit.headline import NoHeadline
+
+    with pytest.raises(NoHeadline, match=r"--readme .*README.md: .*tiny/canary-s0.*drop --readme"):
+        write_summary(tables, tmp_path / "results.md", readme)
+    assert readme.read_text() == "untouched\n"
 
 
 def test_bootstrap_refuses_missing_values_naming_table_and_column():

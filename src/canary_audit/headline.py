@@ -33,10 +33,15 @@ SECTION = "Figures the README quotes"
 TEXT, VL = "tiny", "tiny_vl"
 
 
+class NoHeadline(ValueError):
+    """The run lacks what the README's short result reads: it is not a run
+    of the default audit (a user's own audit, a config without a control)."""
+
+
 def _sorted(values: Iterable[float]) -> list[float]:
     vals = sorted(float(v) for v in values)
     if not vals:
-        raise ValueError("no values to quote: the run lacks a row the README's short result reads")
+        raise NoHeadline("no values to quote: the run lacks a row the README's short result reads")
     return vals
 
 
@@ -59,14 +64,14 @@ def _signed_span(values: Iterable[float], digits: int) -> str:
 
 def _one(frame: pl.DataFrame, what: str) -> dict:
     if frame.height != 1:
-        raise ValueError(f"the README's short result reads one row of {what}; the run has {frame.height}")
+        raise NoHeadline(f"the README's short result reads one row of {what}; the run has {frame.height}")
     return frame.row(0, named=True)
 
 
 def _need(run: Run, name: str) -> pl.DataFrame:
     table = run.table(name)
     if table is None:
-        raise ValueError(f"the README's short result reads the `{name}` table, which this run does not have "
+        raise NoHeadline(f"the README's short result reads the `{name}` table, which this run does not have "
                          "(the default audit's tables are the ones it quotes)")
     return table
 
@@ -171,7 +176,7 @@ def _measure_figures(run: Run) -> dict[str, str]:
             "exposure_extrapolation"], 0)
     head = run.headline()
     if head is None:
-        raise ValueError("the README's short result reads NPO on the BIO template, which this run does not run")
+        raise NoHeadline("the README's short result reads NPO on the BIO template, which this run does not run")
     authors = forgetting.filter(_of(head[0]) & (pl.col("population") == "author"))
     out["npo_auc"] = _span(authors["auc_min_k_pp"], 2)
     out["npo_privleak"] = _signed_span(authors["privleak_min_k"], 0) + "%"
@@ -184,16 +189,14 @@ def _measure_figures(run: Run) -> dict[str, str]:
     return out
 
 
-def holds_headline_models(tables: Path) -> bool:
-    """Whether the run holds the canary LoRAs of both models the README
-    speaks of (a user's own audit holds other models and gets no figures)."""
-    variants = Run(tables).variants
-    return all(f"{model}/canary-s0" in variants for model in (TEXT, VL))
-
-
 def headline_figures(tables: Path) -> dict[str, str]:
-    """figure name -> its text, as the README quotes it."""
+    """figure name -> its text, as the README quotes it; NoHeadline when the
+    run is not one of the default audit's models and arms."""
     run = Run(tables)
+    missing = [f"{model}/{v}" for model in (TEXT, VL) for v in ("canary-s0", "canary-s0-under")
+               if f"{model}/{v}" not in run.variants]
+    if missing:
+        raise NoHeadline(f"the README's short result reads the default audit's canary LoRAs; this run has no {missing}")
     provenance = _need(run, "provenance")
     commits = sorted({v.rsplit(".git.", 1)[-1][:7] for v in provenance["code_version"] if ".git." in v})
     figures = {"code": ", ".join(commits) or "an uncommitted tree"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.headline import TEXT, VL, figures_markdown, headline_figures, holds_headline_models, write_readme
+from canary_audit.headline import NoHeadline, figures_markdown, headline_figures, write_readme
 from canary_audit.papers import beside_ours
 from canary_audit.tables import to_markdown
 
@@ -153,14 +153,15 @@ def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[s
     for title, sentence, frame in sections(tables):
         parts.append(f"## {title}\n\n{sentence}\n\n{to_markdown(frame)}")
         rows[title] = frame.height
-    figures = headline_figures(tables) if holds_headline_models(tables) else None
-    if figures is not None:
+    try:
+        figures = headline_figures(tables)
         parts.append(figures_markdown(figures))
-    if readme is not None:
-        if figures is None:
-            raise ValueError(f"--readme {readme}: the README quotes the default audit's models "
-                             f"({TEXT}, {VL}), which {tables} does not hold; drop --readme for this run")
-        write_readme(readme, figures, tables.parent / "plots")
+    except NoHeadline as missing:  # another audit than the default: no README figures, said when asked for
+        if readme is not None:
+            raise NoHeadline(f"--readme {readme}: {missing}; drop --readme for this run") from None
+    else:
+        if readme is not None:
+            write_readme(readme, figures, tables.parent / "plots")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts))
     return rows
