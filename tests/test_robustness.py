@@ -26,11 +26,13 @@ def records(workdir):
 
 
 # The probe groups the second run rebuilds: the text model's base group (the
-# embedded model, the canary LoRA and its reference), a memorization branch
-# with its unlearning checkpoints, and the vision-language base group (its
-# build, canary LoRA and reference); the bSFT groups' training is left out
-# to keep the cold run short.
-SECOND_RUN = ("tiny/base", "tiny/mem-bio-s0", "tiny_vl/base")
+# embedded model's build, the canary LoRA and its reference, the author and
+# hex probes) and the vision-language base group (its build, canary LoRA and
+# reference).  Left out to keep the cold run short: the bSFT groups, and the
+# memorization branch, whose training is checked bit for bit elsewhere (a
+# memorization LoRA forked and fresh: test_warm; unlearning whole and
+# killed-and-resumed: test_training) and whose probes run the code above.
+SECOND_RUN = ("tiny/base", "tiny_vl/base")
 
 
 def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
@@ -42,9 +44,9 @@ def test_second_run_reproduces_every_record_bitwise(smoke_run, tmp_path):
     cold.write_text("warm_start: false\n")
     targets = [f"results/smoke/records/{group}/{kind}.parquet" for group in SECOND_RUN for kind in ("decode", "token")]
     run_snakemake(tmp_path, "--cores", "2", *targets, extra_configs=(cold,))
-    assert "warm start" not in (tmp_path / "results" / "smoke" / "logs" / "tiny" / "memorize-bio-s0.log").read_text()
+    assert "warm start" not in (tmp_path / "results" / "smoke" / "logs" / "tiny" / "canary-s0.log").read_text()
     first, second = records(smoke_run), records(tmp_path)
-    assert len(second) == 6 and set(second) <= set(first)
+    assert len(second) == 4 and set(second) <= set(first)
     for name, frame in second.items():
         assert frame.equals(first[name]), f"{name} differs between two runs of the same config"
 
@@ -83,9 +85,12 @@ def test_killed_job_is_not_mistaken_for_finished(smoke_run, tmp_path):
     # until told what to do with the incomplete output: never "nothing to do".
     assert "Nothing to be done" not in text
     assert re.search(r"^unlearn\s+1$", text, re.M) or "incomplete" in text.lower(), text[-2000:]
-    # What a user does after a crash: release the dead run's lock, re-run.
+    # What a user does after a crash: release the dead run's lock, re-run
+    # (warm-started: `warm_start` is no rerun trigger, and the kill is done).
     run_snakemake(work, "--unlock", extra_configs=(extra,))
-    run_snakemake(work, "--cores", "2", "--rerun-incomplete", extra_configs=(extra,))
+    warm = tmp_path / "graddiff_warm.yaml"
+    warm.write_text(yaml.safe_dump({"unlearn": {"runs": {"graddiff": {"method": "graddiff", "templates": ["bio"]}}}}))
+    run_snakemake(work, "--cores", "2", "--rerun-incomplete", extra_configs=(warm,))
     for k in (3, 5):
         assert (adapters / f"graddiff-bio-s0-k{k}" / "adapter_model.safetensors").is_file()
     assert not (adapters / ".graddiff-bio-s0-k5.resume").exists()
