@@ -69,10 +69,38 @@ def run_snakemake(
     # the one on PATH, with the package importable.
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    proc = _forked_snakemake(cmd, env, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+_FORK_SERVER = None
+
+
+def _forked_snakemake(cmd: list[str], env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    """`cmd` (`python -m snakemake ...`) in a child of a fork server that
+    imported Snakemake once (tests/snakemake_fork.py says why); the same
+    outcome as running it with subprocess.run."""
+    import multiprocessing
+    import tempfile
+
+    import snakemake_fork
+
+    global _FORK_SERVER
+    if _FORK_SERVER is None:
+        _FORK_SERVER = multiprocessing.get_context("forkserver")
+        _FORK_SERVER.set_forkserver_preload(["snakemake_fork", "snakemake.cli"])
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        child = _FORK_SERVER.Process(target=snakemake_fork.run, args=(cmd[3:], env, str(out), str(err)))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        return subprocess.CompletedProcess(cmd, child.exitcode, out.read_text(), err.read_text())
 
 
 @pytest.fixture(scope="session")
