@@ -206,6 +206,7 @@ def headline_figures(tables: Path) -> dict[str, str]:
 
 
 def placeholders(template: str) -> set[str]:
+    """The figure names a template's `{...}` fields ask for."""
     return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
@@ -250,6 +251,8 @@ def write_readme(readme: Path, figures: dict[str, str], plots: Path) -> list[Pat
     the pictures it shows (`docs/<name>.png`, beside the README) by the
     run's own from `plots`; returns the pictures copied.  A picture the run
     did not draw is refused: the section says they come from that run."""
+    text = readme.read_text()
+    old = readme_block(text)  # no markers: refused before any picture is replaced
     block = render(figures)
     pictures = [readme.parent / p for p in re.findall(r"\]\((docs/[\w.-]+\.png)\)", block)]
     missing = [p.name for p in pictures if not (plots / p.name).is_file()]
@@ -259,6 +262,5 @@ def write_readme(readme: Path, figures: dict[str, str], plots: Path) -> list[Pat
     for picture in pictures:
         picture.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plots / picture.name, picture)
-    text = readme.read_text()
-    readme.write_text(text.replace(readme_block(text), block))
+    readme.write_text(text.replace(old, block))
     return pictures
