@@ -218,8 +218,11 @@ def render(figures: dict[str, str], template: str | None = None) -> str:
     missing = placeholders(text) - set(figures)
     if missing:
         raise ValueError(f"{TEMPLATE.name} names figures the run does not give: {sorted(missing)}")
-    paragraphs = [p if p.startswith("![") else textwrap.fill(" ".join(p.split()), 78, break_on_hyphens=False)
-                  for p in text.format(**figures).strip().split("\n\n")]
+    # "K = 0" stays on one line: a line opening with "= 0" reads badly
+    nbsp = "\u00a0"
+    paragraphs = [p if p.startswith("![") else textwrap.fill(
+        " ".join(p.split()).replace(" = ", f"{nbsp}={nbsp}"), 78, break_on_hyphens=False).replace(nbsp, " ")
+        for p in text.format(**figures).strip().split("\n\n")]
     return "\n".join([BEGIN, "\n\n".join(paragraphs), END])
 
 
