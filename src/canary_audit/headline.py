@@ -136,7 +136,13 @@ def _canary_figures(run: Run) -> dict[str, str]:
     out["n_canaries"] = str(n)
     out["n_image_canaries"] = str(_one(recall.filter(_of(f"{VL}/canary-s0") & (pl.col("modality") == "image")),
                                        f"hex_recall for {VL}/canary-s0 (image)")["n"])
-    out["bsft_hit1_moved"] = str(round(float((bsft["delta_hit1"].abs() * n).max())))
+    # a Delta of hit@1 in canaries: each cell's share times its own model and modality's count
+    counts_of = recall.filter(pl.col("variant").str.ends_with("/canary-s0")).select(
+        model=pl.col("variant").str.split("/").list.first(), modality="modality", n="n")
+    moved = bsft.join(counts_of, on=["model", "modality"], how="left")
+    if moved["n"].null_count():
+        raise NoHeadline("a bSFT cell's model and modality has no canary LoRA row in hex_recall")
+    out["bsft_hit1_moved"] = str(round(float((moved["delta_hit1"].abs() * moved["n"]).max())))
     counts = dict(matrix.group_by("diagnosis").len().iter_rows())
     out["cells"] = str(matrix.height)
     out["inconclusive"] = str(counts.get("inconclusive", 0))
