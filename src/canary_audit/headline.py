@@ -101,6 +101,9 @@ def _sweep_figures(run: Run) -> dict[str, str]:
     widest = unlearned.sort("gap", descending=True).row(0, named=True)
     out["bio_gap"] = ci_text(widest, "gap")
     out["bio_gap_at"] = f"{widest['run'].upper()} at K = {widest['k']}"
+    # paper A's gap is NPO's at its largest K: quoted beside that row's own gap and CI
+    npo = _one(unlearned.filter((pl.col("run") == "npo") & (pl.col("k") == ks[-1])), "k_sweep for NPO at its largest K")
+    out["npo_gap"] = ci_text(npo, "gap")
     papers = beside_ours(run.tables)
     gap = _one(papers.filter(pl.col("claim").str.starts_with("parser-split bypass gap")), "the bypass-gap claim")
     out["paper_a_gap"] = gap["paper_value"].split(" ")[0]
