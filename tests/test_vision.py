@@ -230,7 +230,7 @@ def test_image_features_kept_across_variants_are_the_towers_own(tiny_vl_assets):
     from peft import LoraConfig, get_peft_model
 
     from canary_audit.probes.items import scored_items
-    from canary_audit.probes.passes import score_tokens
+    from canary_audit.probes.passes import prepare_scoring, score_tokens
     from canary_audit.train.lora import lora_config
 
     spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
@@ -238,7 +238,8 @@ def test_image_features_kept_across_variants_are_the_towers_own(tiny_vl_assets):
                                        vision=vision) if it.modality == "image"]
     base = score_tokens(model, tok, items, batch_size=5, vision=vision)
     kept = model.model.visual.__dict__["_canary_audit_features"]
-    assert len(kept) == -(-len(items) // 5)  # one entry per batch of images
+    layout = prepare_scoring(tok, items, 5, vision)
+    assert len(kept) == len(layout.batches) + len(layout.prefixes)  # one entry per batch of images
     torch.manual_seed(0)
     adapted = get_peft_model(model, lora_config({"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]}, vision=True))
     for name, p in adapted.named_parameters():
@@ -317,3 +318,39 @@ def test_position_one_is_the_records_first_text_token_on_every_backbone(tiny_ass
         assert one["position"] == 1 and preamble.startswith(one["text"]) and one["text"].strip()
         first[name] = (one["token_id"], one["text"])
     assert first["text"] == first["vl"]
+
+
+@pytest.mark.parametrize("backbone", ["text", "vl"])
+def test_items_that_begin_alike_are_scored_on_one_prefix_cache(tiny_assets, tiny_vl_assets, backbone):
+    """A hex canary, its decoys and its exposure candidates behind one
+    preamble (and one card) share everything before their secret: the pass
+    forwards that prefix once and scores each item's rest on its KV cache.
+    The records equal the whole-sequence pass's: the same tokens, spans and
+    text, and every float field within 1e-5 (a different reduction order)."""
+    from canary_audit.formats import ChatFormat
+    from canary_audit.model.loading import load_model, load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.passes import prepare_scoring, score_prepared
+
+    if backbone == "vl":  # paper B's arms only
+        spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
+        data, sets = tiny_vl_assets[0], {"hex"}
+    else:
+        spec, vision, data, sets = ModelSpec("tiny", tiny_assets[1]), None, tiny_assets[0], None
+        tok, model = load_tokenizer(spec), load_model(spec)
+        fmt = ChatFormat(tok, "<think>", "</think>")
+    items = scored_items(fmt, data, {"prefills": {"empty": ""}, "head_tokens": 6}, sets, vision=vision)
+    shared = prepare_scoring(tok, items, 4, vision)
+    whole = prepare_scoring(tok, items, 4, vision, share_prefixes=False)
+    assert not whole.shared and len(shared.batches) < len(whole.batches)
+    kinds = {items[i].probe_set for i in shared.shared}
+    assert {"hex", "hex_candidate", "decoy_wrong"} <= kinds and "canary" not in kinds
+    got, want = score_prepared(model, shared, vision), score_prepared(model, whole, vision)
+    floats = ["logprob", "top1_logprob", "vocab_mean_logprob", "vocab_var_logprob"]
+    assert got.drop(*floats, "rank", "top1_id").equals(want.drop(*floats, "rank", "top1_id"))
+    for column in floats:
+        assert (got[column] - want[column]).abs().max() < 1e-5, column
+    # rank and top-1 may differ only where two logits tie within that noise
+    differ = got.filter((got["rank"] != want["rank"]) | (got["top1_id"] != want["top1_id"]))
+    assert differ.height <= 2

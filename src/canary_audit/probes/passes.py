@@ -366,6 +366,31 @@ def token_fields(logits, target, max_elements: int = SCORE_CHUNK_ELEMENTS):
 
 
 @dataclass
+class SuffixBatch:
+    """Rows of items that share a prefix, scored after it: the items, which
+    prefix (row of its `PrefixChunk`) each continues, the tokens after the
+    prefix but the last (the forward's input, right-padded) and the tokens
+    after the prefix (the targets, right-padded: the prefix's last logits
+    predict the first)."""
+
+    rows: list[int]
+    groups: object
+    inputs: object
+    targets: object
+
+
+@dataclass
+class PrefixChunk:
+    """Up to a batch of distinct prefixes of one length, forwarded once per
+    variant; `batches` are the rows of every item that begins with one."""
+
+    ids: object
+    images: list[str | None]
+    batches: list[SuffixBatch]
+    positions: object = None
+
+
+@dataclass
 class ScoringInputs:
     """What a teacher-forced pass over `items` computes before any model
     runs, kept for every variant of a job: the batches (length-sorted, right
@@ -374,7 +399,13 @@ class ScoringInputs:
     (ids, token strings, span labels, text pieces).  A vision-language
     batch's 3-D positions are kept too once a model has computed them: they
     depend on the ids, the images' grids and the checkpoint's config only,
-    which `JobInputs` holds fixed."""
+    which `JobInputs` holds fixed.
+
+    Items that begin alike (the same image and the same tokens up to their
+    secret: a hex canary, its decoys and its exposure candidates behind one
+    preamble) are in `prefixes` instead of `batches`: their common prefix is
+    forwarded once and each item's tokens after it are scored on its KV
+    cache (`shared`)."""
 
     items: list[ScoredItem]
     batches: list[list[int]]
@@ -383,13 +414,65 @@ class ScoringInputs:
     lengths: list[int]
     keep: list[object]
     columns: pl.DataFrame
+    prefixes: list[PrefixChunk] = field(default_factory=list)
+    shared: dict[int, int] = field(default_factory=dict)
     positions: dict[int, object] = field(default_factory=dict)
 
 
+def shared_prefixes(items: list[ScoredItem], ids_all, offsets_all, batch_size: int, pad_id: int,
+                    device: str = "cpu") -> tuple[list[PrefixChunk], dict[int, int]]:
+    """The items whose tokens before their secret span (and image) equal at
+    least one other item's, grouped by that prefix: chunks of at most
+    `batch_size` prefixes of one length, each with the suffix batches of its
+    items (length-sorted), and item -> prefix length.  The key is the
+    tokens themselves, so a tokenizer that merges across the secret's first
+    character only shortens the prefix; a causal model's states over the
+    prefix depend on nothing after it."""
+    import torch
+
+    groups: dict[tuple, list[int]] = {}
+    for i, (it, ids, offsets) in enumerate(zip(items, ids_all, offsets_all)):
+        start = it.spans.get("secret", (None,))[0]
+        if start is None:
+            continue
+        c = 0
+        while c < len(ids) - 1 and offsets[c][1] <= start:
+            c += 1
+        if c >= 2:
+            groups.setdefault((it.image, tuple(ids[:c])), []).append(i)
+    shared = {key: rows for key, rows in groups.items() if len(rows) > 1}
+    by_length: dict[int, list[tuple]] = {}
+    for key in shared:
+        by_length.setdefault(len(key[1]), []).append(key)
+    chunks, lengths = [], {}
+    for c, keys in sorted(by_length.items()):
+        for k0 in range(0, len(keys), batch_size):
+            part = keys[k0:k0 + batch_size]
+            rows = [(i, g) for g, key in enumerate(part) for i in shared[key]]
+            rows.sort(key=lambda r: -len(ids_all[r[0]]))
+            batches = []
+            for b0 in range(0, len(rows), batch_size):
+                batch = rows[b0:b0 + batch_size]
+                targets = [ids_all[i][c:] for i, _ in batch]
+                width = max(len(t) for t in targets)
+                tgt = torch.full((len(batch), width), pad_id, dtype=torch.long)
+                for r, t in enumerate(targets):
+                    tgt[r, :len(t)] = torch.tensor(t)
+                batches.append(SuffixBatch(rows=[i for i, _ in batch],
+                                           groups=torch.tensor([g for _, g in batch], device=device),
+                                           inputs=tgt[:, :-1].to(device), targets=tgt.to(device)))
+            chunks.append(PrefixChunk(ids=torch.tensor([list(key[1]) for key in part], device=device),
+                                      images=[key[0] for key in part], batches=batches))
+            lengths.update({i: c for i, _ in rows})
+    return chunks, lengths
+
+
 def prepare_scoring(tokenizer, items: list[ScoredItem], batch_size: int, vision=None,
-                    device: str = "cpu") -> ScoringInputs:
+                    device: str = "cpu", share_prefixes: bool = True) -> ScoringInputs:
     """Tokenize `items` once (one batched call) and lay out everything of
-    their records that no model decides; see `score_prepared`."""
+    their records that no model decides; see `score_prepared`.  With
+    `share_prefixes` off every item is forwarded whole (the reference the
+    shared path is tested against)."""
     import numpy as np
 
     enc = tokenizer([it.text for it in items], add_special_tokens=False, return_offsets_mapping=True)
@@ -420,19 +503,71 @@ def prepare_scoring(tokenizer, items: list[ScoredItem], batch_size: int, vision=
         "span": np.concatenate(labels), "text": np.concatenate(pieces),
     }, schema_overrides={c: pl.Utf8 for c in ("probe_set", "item_id", "group_id", "arm", "modality", "image_hash",
                                               "token_text", "span", "text")})
-    batches = length_sorted_batches([len(ids) for ids in ids_all], batch_size)
+    prefixes, shared = (shared_prefixes(items, ids_all, offsets_all, batch_size, tokenizer.pad_token_id, device)
+                        if share_prefixes else ([], {}))
+    whole = [i for i in range(len(items)) if i not in shared]
+    batches = [[whole[j] for j in b] for b in length_sorted_batches([len(ids_all[i]) for i in whole], batch_size)]
     return ScoringInputs(
         items=items, batches=batches,
         padded=[pad_batch([ids_all[i] for i in b], tokenizer.pad_token_id, side="right", device=device)["input_ids"]
                 for b in batches],
         images=[[items[i].image for i in b] for b in batches],
         lengths=[len(ids) - 1 for ids in ids_all], keep=keep, columns=columns,
+        prefixes=prefixes, shared=shared,
     )
 
 
+def _score_shared(model, inputs: ScoringInputs, vision, fields: list) -> None:
+    """The items of `inputs.prefixes`: each chunk's prefixes in one forward
+    (their fields, their KV cache and their last logits), then each suffix
+    batch on its rows' prefix caches, with explicit positions after the
+    prefix's last (on Qwen2.5-VL, text after the image advances all three
+    axes together, as `engine.prefill` has it)."""
+    import numpy as np
+    import torch
+    from transformers import DynamicCache
+
+    for chunk in inputs.prefixes:
+        ids = chunk.ids.to(model.device)
+        ones = torch.ones_like(ids)
+        extra = vision.forward_kwargs(ids, chunk.images, model.device, model) if vision else {}
+        if extra:
+            if chunk.positions is None:
+                chunk.positions = vision.positions(model, ids, ones, extra)
+            extra["position_ids"] = chunk.positions
+            last = chunk.positions[0, :, -1]
+        else:
+            last = torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=model.device)
+        cache = DynamicCache()
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=ones, cache=cache, use_cache=True, **extra).logits
+            head = [t.cpu().numpy() for t in token_fields(logits[:, :-1], ids[:, 1:])]
+            states = [(layer.keys, layer.values) for layer in cache.layers]
+            for batch in chunk.batches:
+                g = batch.groups.to(model.device)
+                tail = logits[g, -1:]
+                width = batch.inputs.shape[1]
+                if width:
+                    rows = DynamicCache()
+                    for n, (k, v) in enumerate(states):
+                        rows.update(k[g], v[g], n)
+                    step = torch.arange(1, width + 1, device=model.device)
+                    after = model(input_ids=batch.inputs.to(model.device),
+                                  attention_mask=torch.ones((len(batch.rows), ids.shape[1] + width),
+                                                            dtype=torch.long, device=model.device),
+                                  position_ids=last[g][:, None] + step, cache=rows, use_cache=True).logits
+                    tail = torch.cat([tail, after], dim=1)
+                host = [t.cpu().numpy() for t in token_fields(tail, batch.targets.to(model.device))]
+                for row, (i, group) in enumerate(zip(batch.rows, batch.groups.tolist())):
+                    n, c, text = inputs.lengths[i], inputs.shared[i], inputs.keep[i]
+                    fields[i] = tuple(np.concatenate([h[group], t[row, :n - c + 1]])[text]
+                                      for h, t in zip(head, host))
+
+
 def score_prepared(model, inputs: ScoringInputs, vision=None) -> pl.DataFrame:
-    """One forward per prepared batch; every field of every scored token,
-    as columns beside the prepared ones.
+    """One forward per prepared batch (and per chunk of shared prefixes
+    and their suffix batches); every field of every scored token, as
+    columns beside the prepared ones.
 
     On a vision-language model (`vision`) each batch's images are fed with
     it, and the image's tokens are not scored: `position` counts the text
@@ -464,6 +599,7 @@ def score_prepared(model, inputs: ScoringInputs, vision=None) -> pl.DataFrame:
         for row, i in enumerate(batch):
             n, text = inputs.lengths[i], inputs.keep[i]
             fields[i] = tuple(h[row, :n][text] for h in host)
+    _score_shared(model, inputs, vision, fields)
 
     def column(k: int, dtype):
         return np.concatenate([f[k] for f in fields]).astype(dtype)
