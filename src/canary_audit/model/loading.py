@@ -203,6 +203,40 @@ def apply_adapter(model, adapter: Path, trainable: bool = False, name: str = "de
     return PeftModel.from_pretrained(model, adapter, is_trainable=trainable, adapter_name=name)
 
 
+def folds_live_adapters(spec: ModelSpec) -> bool:
+    """Whether a probe pass folds a variant's live adapter into the weights
+    while it scores it (peft `merge_adapter`), instead of running the
+    adapter's two extra matmuls beside every targeted layer: only in
+    float32, where the fold rounds the update at 2^-24 of each weight (the
+    records move by ~1e-5 in log-prob at most, greedy decodes not at all on
+    the default audit; tested).  In bfloat16 or float16 a fold would round
+    small updates away, which is what paper B's merged application measures,
+    so a half-precision model keeps its adapters live."""
+    return spec.dtype == "float32"
+
+
+@contextmanager
+def folded(model):
+    """`model` (a peft model with one active adapter) with that adapter
+    folded into its base layers for the duration, and the base layers'
+    exact weights put back afterwards (peft's `unmerge_adapter` subtracts
+    the update again, which leaves a rounding residue on the base that the
+    next variant would inherit).  Each folded layer's original parameters
+    are kept meanwhile: a second copy of the targeted weights."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    kept = [[p.detach().clone() for p in m.get_base_layer().parameters(recurse=False)] for m in layers]
+    model.merge_adapter()
+    try:
+        yield model
+    finally:
+        for m, originals in zip(layers, kept):
+            for p, original in zip(m.get_base_layer().parameters(recurse=False), originals):
+                p.data.copy_(original)
+            m.merged_adapters.clear()
+
+
 class VariantModels:
     """The models of a probe job's variants, each base loaded once.
 
@@ -213,7 +247,9 @@ class VariantModels:
     weights, so it is loaded fresh.  The outputs equal a fresh load's, bit for
     bit (tested): the same weights run the same layers.  A base is read once
     per job instead of once per variant (docs/performance.md has the
-    seconds measured on a 0.5B-shaped checkpoint).
+    seconds measured on a 0.5B-shaped checkpoint).  A float32 variant's live
+    adapter is folded into the weights while it is scored
+    (`folds_live_adapters`).
     """
 
     def __init__(self) -> None:
@@ -225,7 +261,10 @@ class VariantModels:
     @contextmanager
     def model(self, spec: ModelSpec, adapters: list[Path] = (), merged: bool = False):
         if merged or len(adapters) > 1:
-            yield load_model(spec, adapters, merge_all=merged)
+            model = load_model(spec, adapters, merge_all=merged)
+            if adapters and not merged and folds_live_adapters(spec):
+                model.merge_adapter()  # a fresh load of its own: nothing to put back
+            yield model
             return
         if self._path != spec.path:
             self._base, self._peft, self._path = load_model(spec), None, spec.path
@@ -246,7 +285,11 @@ class VariantModels:
             for previous in [n for n in self._peft.peft_config if n != name]:  # one adapter resident at a time
                 self._peft.delete_adapter(previous)
         self._peft.eval()
-        yield self._peft
+        if folds_live_adapters(spec):
+            with folded(self._peft) as model:
+                yield model
+        else:
+            yield self._peft
 
 
 def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False,
