@@ -374,6 +374,27 @@ def test_a_float32_live_adapter_is_folded_while_scored_and_a_half_precision_one_
     assert folded_decodes.equals(live_decodes)
 
 
+def test_an_adapter_peft_cannot_fold_is_scored_live_on_untouched_weights(tiny_assets, spec, random_adapters,
+                                                                         monkeypatch):
+    from peft.tuners.tuners_utils import BaseTuner
+
+    from canary_audit.model.loading import VariantModels
+    from canary_audit.probes.passes import score_tokens
+
+    data, _ = tiny_assets
+    tok = load_tokenizer(spec)
+    items = scored_items(ChatFormat(tok, "<think>", "</think>"), data, {"prefills": {}, "head_tokens": 6}, {"hex"})
+    want = score_tokens(load_model(spec, [random_adapters[1]]), tok, items, batch_size=8)
+
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError("this tuner cannot merge")
+
+    monkeypatch.setattr(BaseTuner, "merge_adapter", refuse)
+    with VariantModels().model(spec, [random_adapters[1]]) as model:
+        assert not any(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
+        assert score_tokens(model, tok, items, batch_size=8).equals(want)
+
+
 def test_job_inputs_are_kept_for_a_checkpoint_that_encodes_alike_and_rebuilt_for_one_that_does_not(
         tiny_assets, spec, tmp_path):
     """A job's items are built once and kept for the next variant only when

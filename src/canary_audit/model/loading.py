@@ -8,12 +8,14 @@ entry turns it on, and no hub access (local paths only).
 from __future__ import annotations
 
 import hashlib
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 
 from canary_audit.model.spec import ModelSpec
 from canary_audit.provenance import file_digest
 
+log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -222,19 +224,33 @@ def folded(model):
     exact weights put back afterwards (peft's `unmerge_adapter` subtracts
     the update again, which leaves a rounding residue on the base that the
     next variant would inherit).  Each folded layer's original parameters
-    are kept meanwhile: a second copy of the targeted weights."""
+    are kept meanwhile: a second copy of the targeted weights.  An adapter
+    peft cannot merge (prompt learning has no layers to fold into; some
+    tuner layers refuse a merge) is scored live, as it would be unfolded."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
     kept = [[p.detach().clone() for p in m.get_base_layer().parameters(recurse=False)] for m in layers]
-    model.merge_adapter()
-    try:
-        yield model
-    finally:
+
+    def put_back() -> None:
         for m, originals in zip(layers, kept):
             for p, original in zip(m.get_base_layer().parameters(recurse=False), originals):
                 p.data.copy_(original)
             m.merged_adapters.clear()
+
+    try:
+        if not layers:
+            raise NotImplementedError("no tuner layers")
+        model.merge_adapter()
+    except (AttributeError, NotImplementedError, ValueError) as err:
+        put_back()
+        log.info("adapter scored live: peft does not fold it (%s)", err)
+        yield model
+        return
+    try:
+        yield model
+    finally:
+        put_back()
 
 
 class VariantModels:
@@ -263,8 +279,10 @@ class VariantModels:
         if merged or len(adapters) > 1:
             model = load_model(spec, adapters, merge_all=merged)
             if adapters and not merged and folds_live_adapters(spec):
-                model.merge_adapter()  # a fresh load of its own: nothing to put back
-            yield model
+                with folded(model) as model:
+                    yield model
+            else:
+                yield model
             return
         if self._path != spec.path:
             self._base, self._peft, self._path = load_model(spec), None, spec.path
