@@ -245,8 +245,7 @@ def folded(model):
     except (AttributeError, NotImplementedError, ValueError) as err:
         put_back()
         log.info("adapter scored live: peft does not fold it (%s)", err)
-        yield model
-        return
+        layers, kept = [], []
     try:
         yield model
     finally:

@@ -542,10 +542,12 @@ def _score_shared(model, inputs: ScoringInputs, vision, fields: list) -> None:
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=ones, cache=cache, use_cache=True, **extra).logits
             head = [t.cpu().numpy() for t in token_fields(logits[:, :-1], ids[:, 1:])]
+            final = logits[:, -1:].clone()  # the prefixes' vocabulary-wide logits are not kept
+            del logits
             states = [(layer.keys, layer.values) for layer in cache.layers]
             for batch in chunk.batches:
                 g = batch.groups.to(model.device)
-                tail = logits[g, -1:]
+                tail = final[g]
                 width = batch.inputs.shape[1]
                 if width:
                     rows = DynamicCache()
