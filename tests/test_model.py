@@ -338,20 +338,19 @@ def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads
 
 
 def test_a_float32_live_adapter_is_folded_while_scored_and_a_half_precision_one_is_not(
-        tiny_assets, spec, random_adapters, monkeypatch):
+        tiny_assets, spec, random_adapters):
     """A float32 variant's live adapter is folded into the weights for its
     passes (no extra matmuls per layer): its records equal the live
-    adapter's within the records' float tolerance, and its greedy decodes
-    are the same; the base's own weights are put back exactly.  A bfloat16
-    model keeps the adapter live (a fold would round the update away)."""
+    adapter's within the records' float tolerance, and the base's own
+    weights are put back exactly.  A bfloat16 model keeps the adapter live
+    (a fold would round the update away)."""
     from canary_audit.model.loading import VariantModels, folds_live_adapters
     from canary_audit.probes.passes import score_tokens
 
     data, base = tiny_assets
     tok = load_tokenizer(spec)
     items = scored_items(ChatFormat(tok, "<think>", "</think>"), data, {"prefills": {"empty": ""}, "head_tokens": 6})
-    live = load_model(spec, [random_adapters[0]])
-    want = score_tokens(live, tok, items, batch_size=8)
+    want = score_tokens(load_model(spec, [random_adapters[0]]), tok, items, batch_size=8)
     models = VariantModels()
     with models.model(spec, []) as plain:
         before = {n: p.clone() for n, p in plain.state_dict().items()}
@@ -359,19 +358,13 @@ def test_a_float32_live_adapter_is_folded_while_scored_and_a_half_precision_one_
         assert all(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
         got = score_tokens(model, tok, items, batch_size=8)
     assert_token_records_close(got, want)
-    assert not got["logprob"].equals(want["logprob"])  # really the folded path
     after = {n.replace(".base_layer", ""): p for n, p in models._peft.get_base_model().state_dict().items()
              if "lora_" not in n}
     assert all(torch.equal(after[n], p) for n, p in before.items())
-    cfg = {"prefills": {"empty": ""}, "head_tokens": 6, "engine": "continuous", "max_new_tokens": 12,
-           "hex_max_new_tokens": 12, "batch_size": 16, "threads": 1}
-    folded_decodes = decode_pass(spec, [random_adapters[0]], data, cfg, "v").drop("model_fingerprint")
-    with VariantModels().model(ModelSpec("tiny", base, dtype="bfloat16"), [random_adapters[0]]) as half:
-        assert not any(m.merged for m in half.modules() if hasattr(m, "merged_adapters"))
-    assert folds_live_adapters(spec) and not folds_live_adapters(ModelSpec("tiny", base, dtype="bfloat16"))
-    monkeypatch.setattr("canary_audit.model.loading.folds_live_adapters", lambda s: False)
-    live_decodes = decode_pass(spec, [random_adapters[0]], data, cfg, "v").drop("model_fingerprint")
-    assert folded_decodes.equals(live_decodes)
+    half = ModelSpec("tiny", base, dtype="bfloat16")
+    assert folds_live_adapters(spec) and not folds_live_adapters(half)
+    with VariantModels().model(half, [random_adapters[0]]) as live:
+        assert not any(m.merged for m in live.modules() if hasattr(m, "merged_adapters"))
 
 
 def test_an_adapter_peft_cannot_fold_is_scored_live_on_untouched_weights(tiny_assets, spec, random_adapters,

@@ -326,7 +326,8 @@ def test_items_that_begin_alike_are_scored_on_one_prefix_cache(tiny_assets, tiny
     preamble (and one card) share everything before their secret: the pass
     forwards that prefix once and scores each item's rest on its KV cache.
     The records equal the whole-sequence pass's: the same tokens, spans and
-    text, and every float field within 1e-5 (a different reduction order)."""
+    text, every float field within the records' tolerance (a different
+    reduction order; 5e-6 measured on the default's VL bSFT group)."""
     from canary_audit.formats import ChatFormat
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
@@ -346,11 +347,6 @@ def test_items_that_begin_alike_are_scored_on_one_prefix_cache(tiny_assets, tiny
     assert not whole.shared and len(shared.batches) < len(whole.batches)
     kinds = {items[i].probe_set for i in shared.shared}
     assert {"hex", "hex_candidate", "decoy_wrong"} <= kinds and "canary" not in kinds
-    got, want = score_prepared(model, shared, vision), score_prepared(model, whole, vision)
-    floats = ["logprob", "top1_logprob", "vocab_mean_logprob", "vocab_var_logprob"]
-    assert got.drop(*floats, "rank", "top1_id").equals(want.drop(*floats, "rank", "top1_id"))
-    for column in floats:
-        assert (got[column] - want[column]).abs().max() < 1e-5, column
-    # rank and top-1 may differ only where two logits tie within that noise
-    differ = got.filter((got["rank"] != want["rank"]) | (got["top1_id"] != want["top1_id"]))
-    assert differ.height <= 2
+    # the same tokens, spans and text; floats within the records' tolerance,
+    # rank and top-1 flipping only at near ties (conftest)
+    assert_token_records_close(score_prepared(model, shared, vision), score_prepared(model, whole, vision))
