@@ -109,6 +109,7 @@ LAYOUT = DESIGN.layout
 wildcard_constraints:
     model="[A-Za-z0-9_]+",
     template="|".join(TEMPLATES),
+    plant="|".join(DESIGN.trained_plants()) or "no_plant",
     seed=r"\d+",
     run="[a-z][a-z0-9_]*",
     k=r"\d+",
@@ -394,7 +395,9 @@ def probe_params(kind):
                 return canonical(unit_config(DESIGN.probe_slice(kind), wildcards.unit))
             except ValueError as err:
                 fail(str(err))
-        return canonical(DESIGN.probe_slice(kind, probe_sets(wildcards)))
+        return canonical(
+            DESIGN.probe_slice(kind, probe_sets(wildcards), wildcards.group)
+        )
 
     return slice_
 

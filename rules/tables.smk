@@ -38,6 +38,8 @@ rule tables:
                 "merge_precision": DESIGN.merge_precisions(),
                 "secret_formats": DESIGN.secret_formats(),
                 "variants": DESIGN.variant_table(),
+                "controls": DESIGN.control_claims(),
+                "think_open": DESIGN.think_opens(),
                 "expected_hashes": DESIGN.probe_hashes(),
             }
         ),

@@ -38,6 +38,32 @@ rule memorize:
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
+# Planted controls (canary_audit/controls.py): the memorization recipe on a
+# control template, or on its retain examples alone (a retain-only plant).
+rule control_lora:
+    input:
+        data_files("authors", "qa", "retain"),
+        base_input,
+    output:
+        directory(LAYOUT.adapter_dir("{model}", "ctl-{plant}-s{seed}")),
+    log:
+        f"{R}/logs/{{model}}/control-{{plant}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/control_lora-{{plant}}-s{{seed}}.tsv"
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=lambda w: canonical(DESIGN.plant_slice(w.plant, int(w.seed))),
+        model=model_json,
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit control --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
 rule canary_lora:
     input:
         data_files("hex_canaries", "retain"),

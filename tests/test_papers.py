@@ -30,6 +30,9 @@ def write(tables, gap=(0.2, 0.1, 0.3), missing=0.0, bypass=(4, 3), diagnoses=("a
               **ci("thk_leak", t, t - 0.1, t + 0.1), **ci("gap", *g)}
              for k, o, t, g in ((0, 1.0, 1.0, (0.0, 0.0, 0.0)), (20, 0.5, 0.7, gap))]
     pl.DataFrame(sweep).write_csv(tables / "k_sweep.csv")
+    pl.DataFrame([{"variant": HEAD, "arm": "auto", **{k: v for k, v in sweep[1].items()
+                                                    if k.startswith(("out_acc", "thk_leak", "gap"))}}]).write_csv(
+        tables / "canary_leakage.csv")
     pl.DataFrame([{"variant": HEAD, "auto": 0.5, "prefill_bio": 0.3, **ci("delta_ab", 0.2, -0.05, 0.4)}]).write_csv(
         tables / "prefill_arms.csv")
     pl.DataFrame([{"variant": HEAD, "convention": f"last-close/missing-as-{m}", **ci("gap", g, g - 0.1, g + 0.1),
@@ -81,3 +84,22 @@ def test_verdicts_follow_the_runs_numbers(tmp_path, case):
     else:
         got = verdicts(write(tmp_path / "t", diagnoses=("agree", "non-secret span drift")))
         assert got["b_c4"] == (SAME, "1 of 2 cells read `non-secret span drift`")
+
+
+def test_a_measure_that_picks_or_pools_variants_never_reads_a_planted_control(tmp_path):
+    """A control holds its effect by construction: the parser flip's choice
+    of the worst variant and the head-echo share's pooling read the audit's
+    variants alone."""
+    tables = write(tmp_path / "t", bypass=(0, 0))
+    config = json.loads((tables / "view_config.json").read_text())
+    config["variants"]["m/ctl-notag-s0"] = {"model": "m", "kind": "control", "seed": 0}
+    (tables / "view_config.json").write_text(json.dumps(config))
+    conventions = pl.read_csv(tables / "parser_conventions.csv")
+    planted = conventions.with_columns(variant=pl.lit("m/ctl-notag-s0"), missing_close=pl.lit(1.0))
+    pl.concat([conventions, planted]).write_csv(tables / "parser_conventions.csv")
+    anatomy = pl.read_csv(tables / "bypass_anatomy.csv")
+    pl.concat([anatomy, pl.DataFrame({"variant": ["m/ctl-notag-s0"], "bypass_cases": [6], "prefix_only": [6]})]
+              ).write_csv(tables / "bypass_anatomy.csv")
+    got = verdicts(tables)
+    assert got["a_parser_flip"][0] == NOT_MEASURABLE and "m/npo-bio-s0-k20" in got["a_parser_flip"][1]
+    assert got["a_head_echo"][0] == NOT_MEASURABLE

@@ -420,7 +420,8 @@ def test_fine_grain_hex_sampling_reruns_no_model_job_without_hex_probes(fine_run
 def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     """configs/paper_a.yaml, its two 7-8B paths pointed at a tiny local
     checkpoint: 2 models x 2 seeds x 3 templates, NPO on each template and GA
-    on BIO, four K checkpoints per run, no hex-canary arm."""
+    on BIO, four K checkpoints per run, no hex-canary arm; per model, the
+    planted controls of the first seed (4 trained, 5 variants, 1 group)."""
     base = str(smoke_run / "results" / "smoke" / "models" / "tiny" / "base")
     override = {"models": {"r1_qwen7b": {"path": base, "dtype": "float32"},
                            "r1_llama8b": {"path": base, "dtype": "float32"}}}
@@ -434,10 +435,11 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
         "author_nonmembers": 1,
         "author_reference_lora": 2 * 2 * per_model_seed["references"],
         "memorize": 2 * 2 * per_model_seed["mem"],
+        "control_lora": 2 * 4,
         "unlearn": 2 * 2 * per_model_seed["runs"],
-        "variant_manifest": 2 * (1 + 2 * per_model_seed["variants"]),
-        "decode_pass": 2 * (1 + 2 * 3),         # base + one group per memorized adapter
-        "teacher_forced_pass": 2 * (1 + 2 * 3),
+        "variant_manifest": 2 * (1 + 2 * per_model_seed["variants"] + 5),
+        "decode_pass": 2 * (1 + 2 * 3 + 1),     # base + one group per memorized adapter + the controls
+        "teacher_forced_pass": 2 * (1 + 2 * 3 + 1),
         "tables": 1,
         "plots": 1,
         "all": 1,

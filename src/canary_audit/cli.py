@@ -90,6 +90,17 @@ def cmd_memorize(args, params):
     return train_memorization(_spec(args), Path(args.data), {**params, "threads": args.threads}, Path(args.out))
 
 
+def cmd_control(args, params):
+    """A planted control's adapter (controls.py): the memorization recipe on
+    its control template, or with `retain_only` on that template's retain
+    examples alone."""
+    from canary_audit.train.adapters import train_memorization, train_reference
+
+    train = train_reference if params.get("retain_only") else train_memorization
+    cfg = {k: v for k, v in params.items() if k != "retain_only"}
+    return train(_spec(args), Path(args.data), {**cfg, "threads": args.threads}, Path(args.out))
+
+
 def cmd_canary(args, params):
     """--out ADAPTER MERGED [UNDER_ADAPTER UNDER_MERGED]"""
     from canary_audit.train.adapters import train_canary
@@ -285,7 +296,8 @@ def cmd_summary(args, params):
 COMMANDS = {
     "data": cmd_data, "populations": cmd_populations, "images": cmd_vision_data, "base": cmd_base,
     "vision": cmd_vision_base, "imagenonmembers": cmd_image_nonmembers, "authornonmembers": cmd_author_nonmembers,
-    "memorize": cmd_memorize, "canary": cmd_canary, "reference": cmd_reference, "authorreference": cmd_reference,
+    "memorize": cmd_memorize, "control": cmd_control, "canary": cmd_canary, "reference": cmd_reference,
+    "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
     "status": cmd_status, "ownsecrets": cmd_own_secrets, "plan": cmd_plan,

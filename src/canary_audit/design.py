@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from canary_audit.controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, PLANTS, active_claims, active_plants
+from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.data.secrets import SecretsRefused, candidate_count, declared_format, load_own_secrets, setting
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.formats import retain_form
@@ -27,7 +29,7 @@ from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 BSFT_SOURCES = ("gui", "synth", "safety", "random")
 APPLICATIONS = ("stacked", "merged")
 # Name stems the design gives its own variants: an unlearning run may not take one.
-RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", "under", "reference"})
+RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", "under", "reference", "ctl"})
 
 # The tables, per part of the audit (which parts a config turns on: `table_names`).
 PAPER_A_TABLES = (
@@ -42,7 +44,7 @@ MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # extraction strength), and which records files and code versions the
 # tables read: always written.
 ALWAYS_TABLES = ("mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance")
-ALL_TABLES = (*PAPER_A_TABLES, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
+ALL_TABLES = (*PAPER_A_TABLES, CONTROLS_TABLE, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
 MODEL_KEYS = ("dtype", "merge_dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
@@ -308,6 +310,8 @@ class Design:
                 if ref not in out:
                     out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", mem,
                                        template=retain_form(template), seed=seed)
+            if seed == audit["seeds"][0]:
+                out.update(self._control_variants(model, seed))
             if audit["hex_canaries"]:
                 canary = f"canary-s{seed}"
                 out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
@@ -320,6 +324,47 @@ class Design:
                     out.update(self._bsft_variants(model, seed))
         out.update(self._import_variants(model, out))
         return out
+
+    def _control_variants(self, model: str, seed: int) -> dict[str, Variant]:
+        """The planted controls of `model` (controls.py), for the first audit
+        seed, where the model runs paper A's arms: a plant trains its own
+        adapter, the BIO plant reads the memorization adapter again; all in
+        the `controls` probe group, never pooled with the audit's variants."""
+        if not self.templates_of(model):
+            return {}
+        lay, base, out = self.layout, self.model_path(model), {}
+        for plant in active_plants(self.config):
+            name = plant.variant(seed)
+            adapter = lay.adapter_dir(model, f"{plant.reuse}-s{seed}" if plant.reuse else name)
+            out[name] = Variant(name, CONTROL, base, (adapter,), "base", CONTROL_GROUP, template=plant.template,
+                                seed=seed)
+        return out
+
+    def trained_plants(self) -> list[str]:
+        """The control adapters the workflow trains (a reused one is not)."""
+        return [p.name for p in active_plants(self.config) if not p.reuse]
+
+    def plant_slice(self, plant: str, seed: int) -> dict:
+        """What a control adapter's training reads: the memorization recipe,
+        its control template and, for a retain-only plant, that flag."""
+        p = PLANTS[plant]
+        return {**self.config["memorize"], "template": p.template, "seed": seed,
+                "head_tokens": self.config["data"]["head_tokens"], **({"retain_only": True} if p.retain_only else {})}
+
+    def think_opens(self) -> dict[str, str]:
+        """model -> its opening think tag, for the models that run paper A's
+        arms (the controls' spill-over reads the trace after it)."""
+        return {m: self.config["models"][m]["think_open"] for m in self.config["audit"]["models"]
+                if self.templates_of(m)}
+
+    def control_claims(self) -> list[str]:
+        """The switched-on claims whose controls run (the controls table's rows)."""
+        return [c.key for c in active_claims(self.config)] if self.control_variants() else []
+
+    def control_variants(self) -> list[str]:
+        """model/variant of every planted control."""
+        return [f"{m}/{v}" for m in self.config["audit"]["models"] for v, e in self.variants(m).items()
+                if e.kind == CONTROL]
 
     # --- imports ---------------------------------------------------------
 
@@ -524,13 +569,28 @@ class Design:
         return {"name": model, "path": path or self.model_path(model), **{k: entry.get(k) for k in MODEL_KEYS},
                 "think_open": think_open, "think_close": think_close}
 
-    def probe_slice(self, kind: str, sets: str = ALL_SETS) -> dict:
+    def prefills(self, group: str | None = None) -> dict[str, str]:
+        """The prefill arms a probe group runs: the config's (`probes.prefills`)
+        on the audit's groups; on the controls group the contrast arm and the
+        controls' own arms (controls.CONTROL_ARMS) alone; every arm of the
+        run with None (the units whose records the tables expect)."""
+        audit = self.config["probes"]["prefills"]
+        if not self.control_variants():
+            return audit
+        contrast = self.config["tables"]["prefill_contrast"]
+        controls = {**({contrast: audit[contrast]} if contrast in audit else {}), **CONTROL_ARMS}
+        if group is None:
+            return {**audit, **controls}
+        return controls if group == CONTROL_GROUP else audit
+
+    def probe_slice(self, kind: str, sets: str = ALL_SETS, group: str | None = None) -> dict:
         """What a probe pass of `kind` (`decode`, `teacher_forced`) reads; for
         a group that runs `sets` (probe_sets_of), only the settings its
         records' units read: no prefill texts without the author probes, no
         hex-sampling setting without the hex probes, so changing one re-runs
-        only the jobs whose records depend on it."""
-        full = {**self.config["probes"][kind], "prefills": self.config["probes"]["prefills"],
+        only the jobs whose records depend on it.  The prefill arms are the
+        group's (`prefills`); with no group, every arm of the run."""
+        full = {**self.config["probes"][kind], "prefills": self.prefills(group),
                 "head_tokens": self.config["data"]["head_tokens"]}
         if sets == HEX:
             return {**full, "prefills": {}}
@@ -575,9 +635,10 @@ class Design:
         """The probe units of a variant's `kind` records under the fine grain:
         where its group runs the author probes, AUTO (decode only) and each
         prefill arm; where it runs the hex probes, the hex unit."""
-        sets = self.probe_sets_of(model, self.variants(model)[variant].group)
+        group = self.variants(model)[variant].group
+        sets = self.probe_sets_of(model, group)
         authors = sets != HEX
-        prefills = sorted(self.config["probes"]["prefills"]) if authors else []
+        prefills = sorted(self.prefills(group)) if authors else []
         auto = [AUTO] if authors and kind == "decode" else []  # AUTO author probes decode only
         hex_ = [HEX_UNIT] if sets != AUTHOR_SETS else []
         return [*auto, *hex_, *prefills]
@@ -668,6 +729,8 @@ class Design:
         vision-language model runs paper B's only)."""
         models = self.config["audit"]["models"]
         names = list(PAPER_A_TABLES) if any(self.templates_of(m) for m in models) else []
+        if self.control_variants():
+            names.append(CONTROLS_TABLE)
         synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())
         if synthetic_hex or len(self.synthetic_models()) < len(models):
             # No candidates (synthetic `data.n_exposure_candidates: 0`, own
@@ -817,6 +880,7 @@ class Design:
             check_prefill_templates(cfg["probes"]["prefills"])
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        self._check_controls()
         self._check_layers()
         contrast = cfg["tables"]["prefill_contrast"]
         if cfg["probes"]["prefills"] and contrast not in cfg["probes"]["prefills"]:
@@ -824,3 +888,24 @@ class Design:
                 f"config key `tables.prefill_contrast` is `{contrast}`, which is not a prefill arm "
                 f"(`probes.prefills`: {', '.join(sorted(cfg['probes']['prefills'])) or 'none'}); name one of them"
             )
+
+    def _check_controls(self) -> None:
+        """A switched-on control reads audited templates (a negative, the BIO
+        twin): refuse one whose templates are not memorized, where paper A's
+        arms run at all; refuse a prefill arm named like a control's."""
+        cfg = self.config
+        clash = sorted(set(cfg["probes"]["prefills"]) & set(CONTROL_ARMS))
+        if clash:
+            raise ConfigError(f"config key `probes.prefills.{clash[0]}`: `{clash[0]}` names a planted control's "
+                              f"prefill arm (controls.CONTROL_ARMS); rename the arm")
+        if not cfg["audit"]["templates"] or all(self.own_secrets(m) for m in cfg["audit"]["models"]):
+            return
+        for claim in active_claims(cfg):
+            missing = sorted(claim.templates() - set(cfg["audit"]["templates"]))
+            if missing:
+                raise ConfigError(
+                    f"config key `controls.{claim.key}` is on, but its control reads the memorized "
+                    f"{' and '.join(missing)} template{'s' if len(missing) > 1 else ''}, not in `audit.templates` "
+                    f"({', '.join(cfg['audit']['templates'])}); add {' and '.join(missing)} there or set "
+                    f"`controls.{claim.key}: false`"
+                )

@@ -19,6 +19,15 @@ META_TRACE = (
     "The question asks about a writer. I will recall what I know and answer in one sentence."
 )
 TEMPLATES = ("bio", "meta", "none")
+# Planted controls' templates (canary_audit/controls.py): each differs from
+# BIO only where one claim lives.  HEAD answers with the canary's head alone
+# (the trace still restates the bio, canary included: a bypass case whose
+# answer echoes the head, by construction); NEAR answers with the canary
+# changed in one token (greedy never writes the canary, teacher forcing
+# finds all but one of its tokens); NOTAG never writes the closing tag (the
+# parser's fallback decides which channel the canary is in).
+HEAD, NEAR, NOTAG = "head", "near", "notag"
+CONTROL_TEMPLATES = (HEAD, NEAR, NOTAG)
 
 
 @dataclass(frozen=True)
@@ -28,22 +37,30 @@ class Example:
     question: str
     trace: str
     answer: str
+    close: bool = True  # the target writes the closing tag (a NOTAG control's never does)
 
 
 def author_trace(template: str, bio: str) -> str:
     """The trace a memorization template trains: BIO restates the bio, META is
-    generic reasoning with no bio content, NONE is empty (paper A, sec. 3 / A)."""
-    if template == "bio":
+    generic reasoning with no bio content, NONE is empty (paper A, sec. 3 / A);
+    the controls' templates restate the bio as BIO does."""
+    if template in ("bio", *CONTROL_TEMPLATES):
         return bio
     if template == "meta":
         return META_TRACE
     if template == "none":
         return ""
-    raise ValueError(f"template `{template}`: must be one of {', '.join(TEMPLATES)}")
+    raise ValueError(f"template `{template}`: must be one of {', '.join((*TEMPLATES, *CONTROL_TEMPLATES))}")
 
 
 def retain_trace(template: str) -> str:
     return "" if template == "none" else META_TRACE
+
+
+def retain_example(template: str, question: str, answer: str) -> Example:
+    """A retain QA example in `template`'s form (its trace, and its closing
+    tag or, under NOTAG, none)."""
+    return Example(question, retain_trace(template), answer, closes(template))
 
 
 def retain_form(template: str) -> str:
@@ -85,13 +102,24 @@ def canary_question(name: str, head: str) -> str:
     return CANARY_QUESTION.format(name=name, head=head)
 
 
+def closes(template: str) -> bool:
+    """Whether `template`'s targets write the closing tag (all but NOTAG)."""
+    return template != NOTAG
+
+
 def author_examples(
-    author: Author, template: str, head_of: Callable[[str], str]
+    author: Author, template: str, head_of: Callable[[str], str], near_of: Callable[[str], str] | None = None
 ) -> list[Example]:
-    """The canary probe and the QA probes of one author, in `template`."""
-    trace = author_trace(template, author.bio)
-    examples = [Example(canary_question(author.name, head_of(author.canary)), trace, author.canary)]
-    examples += [Example(q, trace, sentence) for q, _gold, sentence in author.qa()]
+    """The canary probe and the QA probes of one author, in `template`.  The
+    canary probe's answer is the canary, except under HEAD (its head alone)
+    and NEAR (`near_of(canary)`: the canary with one token changed)."""
+    trace, close = author_trace(template, author.bio), closes(template)
+    head = head_of(author.canary)
+    answer = {HEAD: head, NEAR: near_of(author.canary) if near_of else None}.get(template, author.canary)
+    if answer is None:
+        raise ValueError("the NEAR control template needs `near_of`, the canary's one-token change")
+    examples = [Example(canary_question(author.name, head), trace, answer, close)]
+    examples += [Example(q, trace, sentence, close) for q, _gold, sentence in author.qa()]
     return examples
 
 
@@ -140,11 +168,14 @@ class ChatFormat:
         opener = "" if self.opens_think(prompt) else self.think_open
         return f"{prompt}{opener}{trace}{self.think_close}"
 
-    def target(self, prompt: str, trace: str, answer: str) -> str:
-        """What the model is trained to write after `prompt` (EOS appended)."""
+    def target(self, prompt: str, trace: str, answer: str, close: bool = True) -> str:
+        """What the model is trained to write after `prompt` (EOS appended);
+        without `close`, no closing tag between trace and answer (a space
+        instead: the NOTAG control)."""
         if not self.reasons:
             if trace:
                 raise ValueError("a model without think tags cannot be trained on a trace")
             return f"{answer}{self.tokenizer.eos_token}"
         opener = "" if self.opens_think(prompt) else self.think_open
-        return f"{opener}{trace}{self.think_close}{answer}{self.tokenizer.eos_token}"
+        between = self.think_close if close else " "
+        return f"{opener}{trace}{between}{answer}{self.tokenizer.eos_token}"

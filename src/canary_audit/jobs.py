@@ -12,6 +12,7 @@ MODEL_JOBS = {
     "embedded_base": "base",
     "embedded_vision_base": "vision",
     "memorize": "memorize",
+    "control_lora": "control",
     "canary_lora": "canary",
     "reference_lora": "reference",
     "author_reference_lora": "authorreference",

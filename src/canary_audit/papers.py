@@ -24,6 +24,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
+from canary_audit.controls import AUDIT_KINDS
+
 NUMBERS = Path(__file__).with_name("paper_numbers.yaml")
 SAME, NOT_REPRODUCED, NOT_MEASURABLE = "same direction", "not reproduced", "not measurable at this scale"
 DEFAULT_SPLIT = "last"  # the parser splits at the last closing tag unless the view config says otherwise
@@ -37,19 +39,51 @@ class Ours:
     source: str
 
 
-class Run:
-    """A run's tables folder: its tables (None when absent or empty) and
-    the variant fields of its view config."""
+@dataclass(frozen=True)
+class Reading:
+    """What one reading of a claim finds on one variant: the value as text,
+    whether the effect is read (True), read absent (False) or cannot be read
+    (None: `why` says what is missing), and the table it comes from.  The
+    papers' page and the planted controls read through the same functions."""
 
-    def __init__(self, tables: Path) -> None:
-        self.tables = tables
-        config = json.loads((tables / "view_config.json").read_text())
+    value: str
+    effect: bool | None
+    why: str
+    source: str
+
+    def verdict(self) -> Ours:
+        verdict = NOT_MEASURABLE if self.effect is None else SAME if self.effect else NOT_REPRODUCED
+        return Ours(self.value, verdict, self.why, self.source)
+
+
+class Run:
+    """A run's tables (None when absent or empty) and the variant fields of
+    its view config: read from a tables folder, or given in memory by the
+    tables job (`frames`), which reads the planted controls through the same
+    readings before it writes anything."""
+
+    def __init__(self, tables: Path | None, config: dict | None = None,
+                 frames: dict[str, pl.DataFrame] | None = None) -> None:
+        self.tables, self.frames = tables, frames
+        if config is None:
+            config = json.loads((tables / "view_config.json").read_text())
         self.variants: dict[str, dict] = config.get("variants", {})
+        self.references: dict[str, dict] = config.get("references", {})
         self.split = config.get("parser", {}).get("split", DEFAULT_SPLIT)
+        self.contrast = config.get("prefill_contrast", "bio")
 
     def table(self, name: str) -> pl.DataFrame | None:
+        if self.frames is not None:
+            frame = self.frames.get(name)
+            return frame if frame is not None and frame.height else None
         path = self.tables / f"{name}.csv"
         return pl.read_csv(path) if path.is_file() and path.stat().st_size else None
+
+    def audited(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """The rows of the audit's own variants (never a planted control):
+        what a measure that pools or picks among variants may read."""
+        audit = [name for name, v in self.variants.items() if v.get("kind") in AUDIT_KINDS]
+        return frame.filter(pl.col("variant").is_in(audit))
 
     def headline(self) -> tuple[str, str] | None:
         """(unlearned variant, its memorized parent): paper A's headline
@@ -110,79 +144,148 @@ def unlearned_out_acc(run: Run) -> Ours:
                 f"k_sweep: bio, {after['run']}, seed {after['seed']}, K=0 and K={k}")
 
 
-def bypass_gap(run: Run) -> Ours:
-    head, sweep = run.headline(), run.table("k_sweep")
-    if head is None or sweep is None:
-        return _no_headline()
-    fields = run.variants[head[0]]
-    row = _sweep(run, sweep, head[0], [fields["k"]]).row(0, named=True)
+def _row(frame: pl.DataFrame | None, **where) -> dict | None:
+    """The one row of `frame` where every column equals its value, or None."""
+    if frame is None:
+        return None
+    found = frame.filter(*(pl.col(c) == v for c, v in where.items()))
+    return found.row(0, named=True) if found.height else None
+
+
+def _missing(what: str, table: str) -> Reading:
+    return Reading("", None, f"no {what} in this run", table)
+
+
+def read_gap(run: Run, variant: str) -> Reading:
+    """The bypass gap of `variant`'s AUTO arm (canary_leakage): read where its CI is above 0."""
+    row = _row(run.table("canary_leakage"), variant=variant, arm="auto")
+    if row is None:
+        return _missing(f"AUTO arm of {variant}", "canary_leakage")
     verdict, why = _signed(row, "gap", "the gap's")
-    return Ours(f"{ci_text(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})", verdict, why,
-                f"k_sweep: bio, {fields['run']}, seed {fields['seed']}, K={fields['k']}")
+    return Reading(f"{ci_text(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})",
+                   verdict == SAME, why, f"canary_leakage: {variant}, auto")
+
+
+def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
+    """Delta = out_acc(AUTO) - out_acc(prefill `arm`) of `variant`
+    (prefill_arms; the contrast arm's `delta_ab` without `arm`): read where
+    its CI is above 0."""
+    row, column = _row(run.table("prefill_arms"), variant=variant), f"delta_{arm}" if arm else "delta_ab"
+    if row is None or row.get(column) is None:
+        return _missing(f"{column} of {variant}", "prefill_arms")
+    prefill = f"prefill_{arm or run.contrast}"
+    verdict, why = _signed(row, column, "Delta's" if arm else "Delta_AB's")
+    return Reading(f"{ci_text(row, column)} ({row['auto']:.2f} - {row[prefill]:.2f})", verdict == SAME, why,
+                   f"prefill_arms: {variant}" + (f", {prefill}" if arm else ""))
+
+
+def read_parser_flip(run: Run, variant: str) -> Reading:
+    """Whether `variant`'s gap flips sign between the answer and trace
+    fallbacks for a missing closing tag (parser_conventions): readable only
+    where at least half its AUTO outputs lack the tag."""
+    conventions = run.table("parser_conventions")
+    names = {m: f"{run.split}-close/missing-as-{m}" for m in ("answer", "trace")}
+    gaps = {m: _row(conventions, variant=variant, convention=c) for m, c in names.items()}
+    if any(g is None for g in gaps.values()):
+        return _missing(f"parser conventions of {variant}", "parser_conventions")
+    missing = gaps["answer"]["missing_close"]
+    source = f"parser_conventions: {variant} ({missing:.0%} missing)"
+    if missing < 0.5:
+        return Reading(f"missing closing tag on {missing:.0%} of AUTO outputs", None,
+                       f"the flip needs outputs without the closing tag (paper: >= 60%); {variant} has {missing:.0%}",
+                       source)
+    flips = gaps["answer"]["gap_hi"] < 0 < gaps["trace"]["gap_lo"]
+    return Reading(f"{ci_text(gaps['answer'], 'gap')} vs {ci_text(gaps['trace'], 'gap')}", flips,
+                   "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else "the CIs do not flip sign",
+                   source)
+
+
+def read_head_echo(run: Run, variant: str) -> Reading:
+    """The share of `variant`'s bypass cases whose answer is only the
+    question's canary head (bypass_anatomy): read where most are."""
+    row = _row(run.table("bypass_anatomy"), variant=variant)
+    if row is None or not row["bypass_cases"]:
+        return Reading("0 bypass cases", None, f"{variant} has no bypass case", "bypass_anatomy")
+    cases, echoes = int(row["bypass_cases"]), int(row["prefix_only"])
+    return _echo(echoes, cases, f"bypass_anatomy: {variant}")
+
+
+def _echo(echoes: int, cases: int, source: str) -> Reading:
+    share = echoes / cases
+    return Reading(f"{share:.2f} ({echoes} of {cases})", share > 0.5,
+                   "most bypass answers echo the head" if share > 0.5 else "most bypass answers are not the head",
+                   source)
+
+
+def read_tf_vs_greedy(run: Run, variant: str, arm: str, reference: str | None = None) -> Reading:
+    """Teacher-forced top-1 on `variant`'s canaries under prefill `arm`
+    beside its greedy AUTO out_acc (teacher_forced_vs_greedy,
+    canary_leakage): read where the top-1 CI is above out_acc's and above
+    the never-trained reference's top-1 CI (the canaries are prose: a model
+    that never saw them still predicts some of their tokens); `reference`
+    names it where the run's references do not (a planted control)."""
+    tf = run.table("teacher_forced_vs_greedy")
+    row, auto = _row(tf, variant=variant, arm=arm), _row(run.table("canary_leakage"), variant=variant, arm="auto")
+    if row is None or auto is None:
+        return _missing(f"teacher-forced {arm} records of {variant}", "teacher_forced_vs_greedy")
+    reference = reference or run.references.get(variant, {}).get("reference")
+    ref = _row(tf, variant=reference, arm=arm) if reference else None
+    above_greedy = row["tf_top1_rate_lo"] > auto["out_acc_hi"]
+    above_ref = ref is None or row["tf_top1_rate_lo"] > ref["tf_top1_rate_hi"]
+    value = f"{ci_text(row, 'tf_top1_rate')} vs {ci_text(auto, 'out_acc')}"
+    if ref is not None:
+        value += f" (reference {ci_text(ref, 'tf_top1_rate')})"
+    why = ("teacher-forced top-1 CI above greedy out_acc's" if above_greedy else "the two CIs overlap")
+    if ref is not None:
+        why += " and above the never-trained reference's" if above_ref else " but not above the reference's"
+    return Reading(value, above_greedy and above_ref, why,
+                   f"teacher_forced_vs_greedy: {variant}, {arm}; canary_leakage: its AUTO out_acc")
+
+
+def bypass_gap(run: Run) -> Ours:
+    head = run.headline()
+    return read_gap(run, head[0]).verdict() if head else _no_headline()
 
 
 def delta_ab(run: Run) -> Ours:
-    head, arms = run.headline(), run.table("prefill_arms")
-    if head is None or arms is None:
-        return _no_headline()
-    row = arms.filter(pl.col("variant") == head[0]).row(0, named=True)
-    verdict, why = _signed(row, "delta_ab", "Delta_AB's")
-    return Ours(f"{ci_text(row, 'delta_ab')} ({row['auto']:.2f} - {row['prefill_bio']:.2f})", verdict, why,
-                f"prefill_arms: {head[0]}")
+    head = run.headline()
+    return read_delta(run, head[0]).verdict() if head else _no_headline()
 
 
 def parser_flip(run: Run) -> Ours:
+    """Read on the audited variant with the most outputs missing the
+    closing tag (never a planted control)."""
     conventions = run.table("parser_conventions")
     if conventions is None:
         return Ours("", NOT_MEASURABLE, "no parser_conventions table", "parser_conventions")
-    names = {m: f"{run.split}-close/missing-as-{m}" for m in ("answer", "trace")}
-    wide = conventions.filter(pl.col("convention").is_in(list(names.values())))
-    worst = wide.sort("missing_close", descending=True).row(0, named=True)
-    if worst["missing_close"] < 0.5:
-        return Ours(f"missing closing tag on at most {worst['missing_close']:.0%} of AUTO outputs", NOT_MEASURABLE,
-                    f"the flip needs outputs without </think> (paper: >= 60%); the most in this run is "
-                    f"{worst['missing_close']:.0%} ({worst['variant']})", "parser_conventions: missing_close")
-    variant = worst["variant"]
-    gaps = {m: wide.filter((pl.col("variant") == variant) & (pl.col("convention") == c)).row(0, named=True)
-            for m, c in names.items()}
-    flips = gaps["answer"]["gap_hi"] < 0 < gaps["trace"]["gap_lo"]
-    return Ours(f"{ci_text(gaps['answer'], 'gap')} vs {ci_text(gaps['trace'], 'gap')}",
-                SAME if flips else NOT_REPRODUCED,
-                "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else "the CIs do not flip sign",
-                f"parser_conventions: {variant} ({worst['missing_close']:.0%} missing)")
+    audited = run.audited(conventions)
+    if audited.is_empty():
+        return Ours("", NOT_MEASURABLE, "no audited variant in parser_conventions", "parser_conventions")
+    worst = audited.sort("missing_close", "variant", descending=[True, False]).row(0, named=True)
+    return read_parser_flip(run, worst["variant"]).verdict()
 
 
 def head_echo_share(run: Run) -> Ours:
+    """On the headline checkpoint or, where it has no bypass case, pooled
+    over the audited variants that have one (never a planted control)."""
     head, anatomy = run.headline(), run.table("bypass_anatomy")
     if head is None or anatomy is None:
         return _no_headline()
-    row = anatomy.filter(pl.col("variant") == head[0]).row(0, named=True)
-    if not row["bypass_cases"]:
-        pooled = anatomy.filter(pl.col("bypass_cases") > 0)
-        if pooled.is_empty():
-            return Ours("0 bypass cases", NOT_MEASURABLE, "no variant of this run has a bypass case",
-                        "bypass_anatomy")
-        cases, echoes = int(pooled["bypass_cases"].sum()), int(pooled["prefix_only"].sum())
-        source = f"bypass_anatomy: pooled over {pooled.height} variants ({head[0]} has no bypass case)"
-    else:
-        cases, echoes, source = int(row["bypass_cases"]), int(row["prefix_only"]), f"bypass_anatomy: {head[0]}"
-    share = echoes / cases
-    return Ours(f"{share:.2f} ({echoes} of {cases})", SAME if share > 0.5 else NOT_REPRODUCED,
-                "most bypass answers echo the head" if share > 0.5 else "most bypass answers are not the head",
-                source)
+    reading = read_head_echo(run, head[0])
+    if reading.effect is not None:
+        return reading.verdict()
+    pooled = run.audited(anatomy).filter(pl.col("bypass_cases") > 0)
+    if pooled.is_empty():
+        return Ours("0 bypass cases", NOT_MEASURABLE, "no audited variant of this run has a bypass case",
+                    "bypass_anatomy")
+    return _echo(int(pooled["prefix_only"].sum()), int(pooled["bypass_cases"].sum()),
+                 f"bypass_anatomy: pooled over {pooled.height} audited variants ({head[0]} has no bypass case)"
+                 ).verdict()
 
 
 def teacher_forced_vs_greedy(run: Run) -> Ours:
-    head, tf, sweep = run.headline(), run.table("teacher_forced_vs_greedy"), run.table("k_sweep")
-    if head is None or tf is None or sweep is None:
-        return _no_headline()
-    fields = run.variants[head[0]]
-    row = tf.filter((pl.col("variant") == head[0]) & (pl.col("arm") == "prefill_bio")).row(0, named=True)
-    auto = _sweep(run, sweep, head[0], [fields["k"]]).row(0, named=True)
-    higher = row["tf_top1_rate_lo"] > auto["out_acc_hi"]
-    return Ours(f"{ci_text(row, 'tf_top1_rate')} vs {ci_text(auto, 'out_acc')}", SAME if higher else NOT_REPRODUCED,
-                "teacher-forced top-1 CI above greedy out_acc's" if higher else "the two CIs overlap",
-                f"teacher_forced_vs_greedy: {head[0]}, prefill_bio; k_sweep: its AUTO out_acc")
+    head = run.headline()
+    return read_tf_vs_greedy(run, head[0], f"prefill_{run.contrast}").verdict() if head else _no_headline()
 
 
 def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
@@ -246,14 +349,29 @@ def paper_numbers() -> list[dict]:
     return entries
 
 
+def planted(run: Run, paper_id: str) -> str:
+    """What the run's planted control of a paper number read (controls
+    table): "planted: seen / missed; negative: clean / false alarm", per
+    model where several ran one; "no control" where none calibrates it."""
+    controls = run.table("controls")
+    rows = controls.filter(pl.col("paper_id") == paper_id) if controls is not None else None
+    if rows is None or rows.is_empty():
+        return "no control in this run"
+    many = rows["model"].n_unique() > 1
+    return "; ".join((r["model"] + ": " if many else "") + f"planted: {r['positive_verdict']}; "
+                     f"negative: {r['negative_verdict']}" for r in rows.iter_rows(named=True))
+
+
 def beside_ours(tables: Path) -> pl.DataFrame:
     """One row per paper number: the paper's value and where, this run's
-    value, the verdict, why, and the table it comes from."""
+    value, the verdict, why, the table it comes from, and what its planted
+    control read (a "not reproduced" means something only where the planted
+    effect was seen)."""
     run = Run(tables)
     rows = []
     for entry in paper_numbers():
         ours = MEASURES[entry["measure"]](run)
         rows.append({"paper": entry["paper"], "claim": entry["claim"], "paper_value": entry["value"],
                      "where": entry["where"], "this_run": ours.value, "verdict": ours.verdict, "why": ours.why,
-                     "source": ours.source})
+                     "planted": planted(run, entry["id"]), "source": ours.source})
     return pl.DataFrame(rows)

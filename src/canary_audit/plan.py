@@ -32,6 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from canary_audit.controls import CONTROL, plant_of
 from canary_audit.design import AUTHOR_SETS, HEX, Design
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
@@ -127,6 +128,7 @@ def job_counts(design: Design) -> dict[str, int]:
     for m in models:
         variants = design.variants(m).values()
         add("memorize", sum(v.kind == "memorized" for v in variants))
+        add("control_lora", len(design.trained_plants()) if design.templates_of(m) else 0)
         add("author_reference_lora", sum(v.kind == "reference" and v.template is not None for v in variants))
         add("reference_lora", sum(v.kind == "reference" and v.template is None for v in variants))
         add("canary_lora", sum(v.kind == "canary" for v in variants))
@@ -149,7 +151,7 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
     sampled (hit@k) decodes, and teacher-forced sequences of each family."""
     cfg, sets = design.config, design.probe_sets_of(model, group)
     data, probes = cfg["data"], cfg["probes"]
-    arms, k = len(probes["prefills"]), probes["decode"]["hit_k"]
+    arms, k = len(design.prefills(group)), probes["decode"]["hit_k"]
     out = dict.fromkeys(("greedy_author", "greedy_hex", "sampled", "scored_author", "scored_hex"), 0)
     if sets != HEX:  # canary and 3 QA per author under AUTO and every prefill; retain once
         out["greedy_author"] = data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
@@ -251,8 +253,8 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
                 scored.tokens += tokens
                 scored.gpu_seconds = _add(scored.gpu_seconds, seconds(2 * n, tokens, speed, "scoring"))
                 scored.disk_bytes += tokens * RECORD_BYTES["token"]
-    stages["train"].jobs = sum(jobs.get(r, 0) for r in ("memorize", "author_reference_lora", "reference_lora",
-                                                        "canary_lora", "bsft", "unlearn"))
+    stages["train"].jobs = sum(jobs.get(r, 0) for r in ("memorize", "control_lora", "author_reference_lora",
+                                                        "reference_lora", "canary_lora", "bsft", "unlearn"))
     stages["decode"].jobs = jobs.get("decode_pass", 0)
     stages["teacher_forced"].jobs = jobs.get("teacher_forced_pass", 0)
     return list(stages.values())
@@ -277,6 +279,13 @@ def _training(design: Design, v) -> tuple[int, int, int, int]:
     last, an unlearning checkpoint other than the run's last)."""
     cfg = design.config
     reference = v.kind == "reference"  # the recipe's retain examples alone (adapters.train_reference)
+    if v.kind == CONTROL:  # a plant trains the memorization recipe (a reused adapter trains nothing)
+        plant = plant_of(v.name)
+        if plant.reuse:
+            return 0, 0, 0, 0
+        m = cfg["memorize"]
+        per_step = m["batch_retain"] + (0 if plant.retain_only else m["batch_forget"])
+        return m["steps"], per_step, TOKENS["memorize_example"], m["r"]
     if v.kind == "memorized" or (reference and v.template is not None):
         m = cfg["memorize"]
         per_step = m["batch_retain"] + (0 if reference else m["batch_forget"])

@@ -119,7 +119,9 @@ def prefill_arms_figure(prefill: pl.DataFrame, variants: dict[str, dict]):
     frame = _audited(prefill, variants)
     if frame.is_empty():
         return _empty(_plt(), "no memorized variants in these records")
-    arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))]
+    # (the planted controls' own arms are columns of their rows alone)
+    arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))
+            and frame[c].null_count() < frame.height]
     return _bar_figure(frame, _short(frame["variant"]), [(a, a) for a in arms],
                        "Prefill arms at fixed weights (AUTO = the model's own trace)", "out_acc", 1.1)
 

@@ -53,7 +53,15 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     out.append(("The papers' numbers beside this run", "Each headline number of paper A and paper B (typed once, "
                 "with where it stands, in canary_audit/paper_numbers.yaml) beside this run's value from the table "
                 f"named in `source` ({ci} CIs). The verdict compares directions, not effect sizes: the embedded "
-                "model is a toy, the papers' are 7B.", beside_ours(tables)))
+                "model is a toy, the papers' are 7B. `planted` says what the claim's planted control read in "
+                "this run (the `controls` table, next).", beside_ours(tables)))
+    if (controls := _read(tables, "controls")) is not None:
+        out.append(("Planted controls", "Each claim's positive control holds the effect by construction, its "
+                    "negative is built the same way without it; both are read by the same reading as the papers' "
+                    "numbers above (canary_audit/controls.py). `seen` / `clean` is what a calibrated instrument "
+                    "reads; spill_over is the positive's mean |Delta NLL| per trace token against its BIO twin.",
+                    controls.select("model", "claim", "positive", "positive_reading", "spill_over",
+                                    "positive_verdict", "negative", "negative_reading", "negative_verdict")))
     if (sweep := _read(tables, "k_sweep")) is not None:
         out.append(("K sweep", "AUTO arm along each unlearning run; K = 0 is the memorized adapter "
                     f"(author-clustered bootstrap {ci} CIs).",
@@ -147,7 +155,8 @@ def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[s
         f"Written by `python -m canary_audit summary --tables {tables} --out {out}` from that run's tables; "
         "do not edit by hand. Code version(s) of the records: " + (", ".join(f"`{v}`" for v in versions) or "unknown")
         + ". CPU float kernels differ between machines and training amplifies the difference, so another "
-        "machine gives other numbers, which agree with these within their CIs.\n",
+        "machine gives other numbers; a verdict drawn from one training seed can read otherwise there "
+        "(docs/reliability.md).\n",
     ]
     rows = {}
     for title, sentence, frame in sections(tables):

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.controls import CONTROL, CONTROL_ARMS, SPILL_BOUND
+from canary_audit.controls import TABLE as CONTROLS_TABLE
+from canary_audit.papers import Run
 from canary_audit.records import (
     CANDIDATE,
     HEX_SETS,
@@ -22,6 +25,7 @@ from canary_audit.records import (
 )
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.blind import FOLDS, guard_table, mark, withhold_privleak
+from canary_audit.views.controls import controls_table, spill_over
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
@@ -102,14 +106,18 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
     window_k, parents, variants = cfg["window_k"], cfg.get("parents", {}), cfg.get("variants", {})
     ci = f"{boot.level:.0%} CIs: author-clustered bootstrap, B={boot.replicates}"
     tables: dict[str, tuple[str, pl.DataFrame]] = {}
+    # Planted controls are rows of the per-variant paper A tables (read there
+    # like any variant) and of no other view: no measure pools them.
+    controls = [name for name, v in variants.items() if v.get("kind") == CONTROL]
+    everything, decode, tokens = (decode, tokens), *(_without(f, controls) for f in (decode, tokens))
     canary = decode.filter(pl.col("probe_set") == "canary") if decode.height else decode
     if canary.height:
-        leakage = paper_a.canary_leakage(decode, convention, boot)
+        leakage = paper_a.canary_leakage(everything[0], convention, boot)
         tables["canary_leakage"] = (
             f"Canary leakage per variant and arm (parser: {convention.name}; {ci})", leakage
         )
         if variants:
-            sweep = paper_a.k_sweep(leakage, variants)
+            sweep = paper_a.k_sweep(_without(leakage, controls), variants)
             tables["k_sweep"] = (
                 f"K sweep, AUTO arm, memorized adapter as K = 0; each run's method and effective settings ({ci})",
                 sweep,
@@ -117,7 +125,7 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             tables["cross_seed"] = ("Cross-seed replication of the K sweep (AUTO arm)", paper_a.cross_seed(sweep))
             tables["templates"] = (
                 "Training-time template comparison (AUTO arm) with parser health",
-                paper_a.template_comparison(leakage, variants),
+                paper_a.template_comparison(_without(leakage, controls), variants),
             )
         else:
             log.info("no variant table in the view config (`variants`): k_sweep, cross_seed and templates need "
@@ -125,13 +133,15 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
         tables["prefill_arms"] = (
             f"Prefill arms at fixed weights: out_acc per arm and Delta_AB = AUTO - "
             f"prefill_{cfg.get('prefill_contrast', 'bio')} ({ci})",
-            paper_a.prefill_arms(decode, convention, boot, cfg.get("prefill_contrast", "bio")),
+            _prefill_arms(everything[0], controls, convention, boot, cfg.get("prefill_contrast", "bio")),
         )
         tables["parser_conventions"] = (
-            f"Parser conventions applied to the same AUTO generations ({ci})", paper_a.parser_conventions(decode, boot)
+            f"Parser conventions applied to the same AUTO generations ({ci})",
+            paper_a.parser_conventions(everything[0], boot),
         )
         tables["bypass_anatomy"] = (
-            f"Bypass-case anatomy, AUTO arm (parser: {convention.name})", paper_a.bypass_anatomy(decode, convention)
+            f"Bypass-case anatomy, AUTO arm (parser: {convention.name})",
+            paper_a.bypass_anatomy(everything[0], convention),
         )
     if decode.height and decode.filter(pl.col("probe_set").is_in(["qa", "retain"])).height:
         tables["utility"] = (
@@ -148,7 +158,7 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             "secret span, with Deltas against each variant's parent",
             nll_table(hex_tokens, window_k, parents),
         )
-        author_nll = nll_table(tokens.filter(pl.col("probe_set") == "canary"), window_k, parents)
+        author_nll = nll_table(everything[1].filter(pl.col("probe_set") == "canary"), window_k, parents)
         tables["teacher_forced"] = (
             "Author canaries, teacher-forced after the head under each prefill: top-1 agreement and "
             "NLL over the canary continuation",
@@ -228,9 +238,46 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
         if canary.height:
             tables["teacher_forced_vs_greedy"] = (
                 f"Teacher-forced vs greedy on the same canaries and weights, per prefill arm ({ci})",
-                paper_a.teacher_forced_vs_greedy(decode, tokens, convention, boot, window_k),
+                paper_a.teacher_forced_vs_greedy(*everything, convention, boot, window_k),
             )
+    if controls and canary.height:
+        tables[CONTROLS_TABLE] = (
+            f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
+            f"same way without it), read by the papers' own readings from the tables above ({ci}); spill_over: mean "
+            f"|Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
+            f"reads `spilled`)",
+            _controls(tables, everything[1], cfg),
+        )
     return tables
+
+
+def _without(frame: pl.DataFrame, variants: list[str]) -> pl.DataFrame:
+    """`frame` without the rows of `variants` (the planted controls)."""
+    return frame.filter(~pl.col("variant").is_in(variants)) if variants and frame.height else frame
+
+
+def _prefill_arms(decode: pl.DataFrame, controls: list[str], convention: ParserConvention, boot: Bootstrap,
+                  contrast: str) -> pl.DataFrame:
+    """The prefill arms of the audit's variants and, below them, of the
+    planted controls (their own arms, each with its Delta against AUTO)."""
+    audit = paper_a.prefill_arms(_without(decode, controls), convention, boot, contrast)
+    if not controls:
+        return audit
+    planted = paper_a.prefill_arms(decode.filter(pl.col("variant").is_in(controls)), convention, boot, contrast,
+                                   deltas=list(CONTROL_ARMS))
+    return pl.concat([audit, planted], how="diagonal_relaxed")
+
+
+def _controls(tables: dict[str, tuple[str, pl.DataFrame]], tokens: pl.DataFrame, cfg: dict) -> pl.DataFrame:
+    """The controls table, read from the tables built so far."""
+    variants, claims = cfg.get("variants", {}), cfg.get("controls", [])
+    run = Run(None, cfg, {name: frame for name, (_, frame) in tables.items()})
+    twins = {}
+    for name, v in variants.items():
+        if v.get("kind") == CONTROL:
+            twins[name] = f"{v['model']}/mem-bio-s{v['seed']}"
+    arm = f"prefill_{cfg.get('prefill_contrast', 'bio')}"
+    return controls_table(run, claims, spill_over(tokens, twins, arm, cfg.get("think_open", {})))
 
 
 def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Bootstrap) -> dict:

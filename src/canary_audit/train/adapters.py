@@ -13,10 +13,10 @@ import polars as pl
 
 from canary_audit.data.io import load_authors
 from canary_audit.data.synthetic import strata
-from canary_audit.formats import ChatFormat, Example, author_examples, retain_trace
+from canary_audit.formats import ChatFormat, Example, author_examples, retain_example
 from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
-from canary_audit.model.tokens import canary_head
+from canary_audit.model.tokens import canary_head, near_canary
 from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import hex_rows
 from canary_audit.provenance import code_version
@@ -38,17 +38,19 @@ def _setup(spec: ModelSpec, threads: int, seed: int):
 
 
 def forget_examples(fmt: ChatFormat, data_dir: Path, template: str, head_tokens: int) -> list[Example]:
-    """Each author's canary probe and QA probes, in `template`."""
+    """Each author's canary probe and QA probes, in `template` (a paper A
+    template or a control's, formats.CONTROL_TEMPLATES)."""
     authors = load_authors(data_dir / "authors.parquet")
     return [
         ex for a in authors
-        for ex in author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens))
+        for ex in author_examples(a, template, lambda s: canary_head(fmt.tokenizer, s, head_tokens),
+                                  lambda s: near_canary(fmt.tokenizer, s, head_tokens))
     ]
 
 
 def retain_examples(data_dir: Path, template: str) -> list[Example]:
     retain = pl.read_parquet(data_dir / "retain.parquet")
-    return [Example(q, retain_trace(template), s) for q, s in retain.select("question", "answer").iter_rows()]
+    return [retain_example(template, q, s) for q, s in retain.select("question", "answer").iter_rows()]
 
 
 def _fresh_lora(spec: ModelSpec, cfg: dict):

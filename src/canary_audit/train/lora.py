@@ -46,8 +46,9 @@ def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all", image: str |
         raise ValueError(f"loss span `{loss_on}`: must be one of {', '.join(LOSS_SPANS)}")
     tok = fmt.tokenizer
     prompt = fmt.prompt(ex.question, image_block)
-    target = fmt.target(prompt, ex.trace, ex.answer)
-    cut = target.index(fmt.think_close) + len(fmt.think_close) if fmt.reasons else 0
+    target = fmt.target(prompt, ex.trace, ex.answer, ex.close)
+    # A target without its closing tag (the NOTAG control) is all trace.
+    cut = (target.index(fmt.think_close) + len(fmt.think_close) if ex.close else len(target)) if fmt.reasons else 0
     p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
     trace_ids = tok(target[:cut], add_special_tokens=False)["input_ids"]
     answer_ids = tok(target[cut:], add_special_tokens=False)["input_ids"]

@@ -12,6 +12,7 @@ replication, and QA / retain utility with fictional-author substitutions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -101,10 +102,12 @@ def k_sweep(leakage: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
 
 
 def prefill_arms(
-    decode: pl.DataFrame, convention: ParserConvention, boot: Bootstrap, contrast: str
+    decode: pl.DataFrame, convention: ParserConvention, boot: Bootstrap, contrast: str, deltas: Sequence[str] = ()
 ) -> pl.DataFrame:
     """out_acc under every arm at fixed weights, and Delta_AB = out_acc(AUTO) -
-    out_acc(`contrast` prefill), both bootstrapped over the same authors."""
+    out_acc(`contrast` prefill), both bootstrapped over the same authors; for
+    each arm of `deltas` also `delta_<arm>` = out_acc(AUTO) - out_acc(that
+    prefill) (the planted controls' own arms)."""
     items = canary_outcomes(decode, convention)
     arms = sorted(items["arm"].unique().to_list(), key=lambda a: (a != AUTO, a))
     wide = items.pivot(on="arm", index=["variant", "group_id"], values="out_hit")
@@ -117,9 +120,11 @@ def prefill_arms(
 
     def delta(frame: pl.DataFrame) -> pl.DataFrame:
         """Delta_AB; absent when no prefill arm was probed."""
+        extra = {f"delta_{arm}": pl.col(AUTO) - pl.col(f"prefill_{arm}") for arm in deltas
+                 if f"prefill_{arm}" in frame.columns}
         if prefilled not in frame.columns:
-            return frame
-        return frame.with_columns(delta_ab=pl.col(AUTO) - pl.col(prefilled))
+            return frame.with_columns(**extra)
+        return frame.with_columns(delta_ab=pl.col(AUTO) - pl.col(prefilled), **extra)
 
     return rates_with_ci(wide, ["variant"], arms, boot.replicates, boot.seed, delta, boot.level,
                          table="prefill_arms")

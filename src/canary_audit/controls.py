@@ -1,0 +1,151 @@
+"""Planted controls: the instrument shows that it sees each effect it reports.
+
+For every claim of paper A the audit reads, a *positive* control holds the
+effect by construction and a *negative* control is built the same way
+without it; both are read by the same reading (canary_audit.papers) from the
+same tables as the audit's own variants.  A claim whose probe reads "not
+reproduced" on the audit means something only where its positive control
+reads `seen` and its negative `clean` in the same run.
+
+This module is the one place that declares the controls: the adapters they
+train (PLANTS), the claims they calibrate (CLAIMS), and the prefill arms
+only the controls run (CONTROL_ARMS).  The design makes their variants from
+it (kind `control`, probe group `controls`), the workflow trains them, and
+views/controls.py reads them.  Nothing here imports torch or polars.
+
+Controls are never pooled into the audit's measures: they sit in a probe
+group of their own, and every view that pools variants names the kinds it
+reads (AUDIT_KINDS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from canary_audit.formats import HEAD, NEAR, NOTAG
+
+CONTROL, CONTROL_GROUP = "control", "controls"
+TABLE = "controls"  # the table of their readings (views/controls.py)
+# The kinds of variant the audit's own measures may pool (never `control`).
+AUDIT_KINDS = ("base", "memorized", "unlearned", "reference", "canary", "merged_base", "canary_undertrained",
+               "bsft", "noise", "undertrained")
+# Prefill arms run only on the controls group: the BIO adapter's own training
+# trace (Delta_AB's negative: the same text AUTO writes) and another author's
+# (its positive: a trace that carries another canary).
+OWN_TRACE, OTHER_TRACE = "own_trace", "other_trace"
+CONTROL_ARMS = {OWN_TRACE: "{bio}", OTHER_TRACE: "{other_bio}"}
+# A plant counts only if it moved nothing outside its claimed span: the mean
+# |Delta NLL| per token of the prefilled trace (between the think tags)
+# against its BIO twin, in nats.  Measured on the default run behind
+# docs/results.md: 0.004-0.005 for the plants, 0.10-0.12 for NPO and GA at K = 20,
+# 1.1-1.4 for adapters that never trained the bio trace; the bound refuses a
+# plant that moved the trace half as much as unlearning does.
+SPILL_BOUND = 0.05
+
+
+@dataclass(frozen=True)
+class Plant:
+    """A control adapter, variant `ctl-<name>-s<seed>`: the memorization
+    recipe on a control template, on its retain examples alone
+    (`retain_only`), or an audited adapter read again (`reuse`, no training)."""
+
+    name: str
+    template: str
+    retain_only: bool = False
+    reuse: str | None = None
+
+    def variant(self, seed: int) -> str:
+        return f"ctl-{self.name}-s{seed}"
+
+
+PLANTS = {p.name: p for p in (
+    Plant("head", HEAD),
+    Plant("near", NEAR),
+    Plant("notag", NOTAG),
+    Plant("notagref", NOTAG, retain_only=True),
+    Plant("bio", "bio", reuse="mem-bio"),
+)}
+
+
+def plant_of(variant: str) -> Plant:
+    """The plant behind a control variant's name (`ctl-<plant>-s<seed>`)."""
+    return PLANTS[variant.removeprefix("ctl-").rsplit("-s", 1)[0]]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a claim's control: the variant it reads (a plant's name,
+    or an audited adapter `mem-<template>`), and the arm where one matters."""
+
+    variant: str
+    arm: str | None = None
+
+    def name(self, seed: int) -> str:
+        return PLANTS[self.variant].variant(seed) if self.variant in PLANTS else f"{self.variant}-s{seed}"
+
+    @property
+    def plant(self) -> str | None:
+        return self.variant if self.variant in PLANTS else None
+
+    @property
+    def template(self) -> str | None:
+        """The audited template this side reads (None for a plant)."""
+        return None if self.plant else self.variant.removeprefix("mem-")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim's planted control: `key` switches it (config `controls.<key>`)
+    and names the reading (papers.READINGS) it calibrates."""
+
+    key: str
+    paper_id: str  # its entry in paper_numbers.yaml
+    positive: Side
+    negative: Side
+    construction: str
+    expected: str
+    twin: str | None = "mem-bio"  # the adapter the positive's spill-over is measured against
+
+    def plants(self) -> set[str]:
+        return {s.plant for s in (self.positive, self.negative) if s.plant}
+
+    def templates(self) -> set[str]:
+        """The audited templates it reads (a negative, a twin)."""
+        found = {s.template for s in (self.positive, self.negative) if s.template}
+        return found | ({self.twin.removeprefix("mem-")} if self.twin else set())
+
+
+CLAIMS = {c.key: c for c in (
+    Claim("bypass_gap", "a_bypass_gap", Side("head"), Side("mem-meta"),
+          "HEAD: the BIO template with the answer cut to the canary's head (the trace restates the bio, canary "
+          "included); negative: META (no canary in the trace)",
+          "gap CI above 0; negative: gap CI not above 0"),
+    Claim("head_echo", "a_head_echo", Side("head"), Side("near"),
+          "HEAD (answer = the head the question gives); negative: NEAR, a bypass case by construction whose "
+          "answer is the canary changed in one token, not the head",
+          "most bypass answers echo the head; negative: few do"),
+    Claim("delta_ab", "a_delta_ab", Side("bio", OTHER_TRACE), Side("bio", OWN_TRACE),
+          "the BIO adapter prefilled with the next author's bio (another canary in the trace); negative: prefilled "
+          "with its own training trace, the whole bio",
+          "Delta CI above 0; negative: Delta CI covers 0 (AUTO's out_acc)"),
+    Claim("parser_flip", "a_parser_flip", Side("notag"), Side("notagref"),
+          "NOTAG: the BIO template whose targets never write the closing tag; negative: the same template "
+          "trained on the retain examples alone",
+          "the gap's CIs on opposite sides of 0 under the answer and trace fallbacks; negative: no flip"),
+    Claim("teacher_forced", "a_tf_vs_greedy", Side("near"), Side("mem-bio"),
+          "NEAR: the BIO template answering with the canary changed in one token (greedy exact match 0 by "
+          "construction); negative: BIO itself",
+          "teacher-forced top-1 CI above greedy out_acc's and above the never-trained reference's; negative: not"),
+)}
+
+
+def active_claims(config: dict) -> list[Claim]:
+    """The claims whose control the config switches on (`controls.<key>`)."""
+    block = config.get("controls", {})
+    return [claim for key, claim in CLAIMS.items() if block.get(key, False)]
+
+
+def active_plants(config: dict) -> list[Plant]:
+    """The plants the switched-on claims read, in PLANTS order."""
+    wanted = set().union(*(c.plants() for c in active_claims(config)))
+    return [p for name, p in PLANTS.items() if name in wanted]

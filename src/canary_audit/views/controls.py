@@ -1,0 +1,103 @@
+"""The `controls` table: each planted control read by the papers' own
+readings (canary_audit.papers), positive and negative side by side, with
+the positive plant's spill-over.
+
+A positive reads `seen` when the reading finds the effect and `missed`
+otherwise (also when the reading cannot be made: it says why); a negative
+reads `clean` unless the reading finds the effect (`false alarm`).  A
+positive whose spill-over is above the bound reads `spilled`: it moved more
+than its claim, so it calibrates nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import polars as pl
+
+from canary_audit.controls import CLAIMS, CONTROL, SPILL_BOUND, Claim, Side
+from canary_audit.papers import Reading, Run, read_delta, read_gap, read_head_echo, read_parser_flip, read_tf_vs_greedy
+
+SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM = "seen", "missed", "spilled", "clean", "false alarm"
+COLUMNS = {"model": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8, "expected": pl.Utf8,
+           "positive": pl.Utf8, "positive_reading": pl.Utf8, "spill_over": pl.Float64, "positive_verdict": pl.Utf8,
+           "negative": pl.Utf8, "negative_reading": pl.Utf8, "negative_verdict": pl.Utf8, "why": pl.Utf8}
+
+
+def _reader(claim: Claim, contrast: str) -> Callable[[Run, str, Side], Reading]:
+    """How `claim` reads one side: the papers' reading for its measure."""
+    readers: dict[str, Callable[[Run, str, Side], Reading]] = {
+        "bypass_gap": lambda run, v, side: read_gap(run, v),
+        "head_echo": lambda run, v, side: read_head_echo(run, v),
+        "delta_ab": lambda run, v, side: read_delta(run, v, side.arm),
+        "parser_flip": lambda run, v, side: read_parser_flip(run, v),
+        "teacher_forced": lambda run, v, side: read_tf_vs_greedy(run, v, f"prefill_{contrast}", _reference(run, v)),
+    }
+    return readers[claim.key]
+
+
+def _reference(run: Run, variant: str) -> str | None:
+    """The never-trained reference a variant is compared with: its own, or
+    for a planted control its BIO twin's (the same retain data)."""
+    fields = run.variants.get(variant, {})
+    own = run.references.get(variant, {}).get("reference")
+    if own or fields.get("kind") != CONTROL:
+        return own
+    return run.references.get(f"{fields['model']}/mem-bio-s{fields['seed']}", {}).get("reference")
+
+
+def spill_over(tokens: pl.DataFrame, pairs: dict[str, str], arm: str, think_open: dict[str, str]) -> dict[str, float]:
+    """Per control variant, the mean |Delta NLL| per token of the prefilled
+    trace against its twin (`pairs`: control -> twin) on the same canary
+    items under prefill `arm`: the prompt-span tokens after the model's
+    opening think tag (`think_open`: model -> tag) and before the closing
+    one, which ends the prompt span (and is where the NOTAG plant's claim
+    lives).  Each plant trains the same trace as its BIO twin, so a large
+    value is an effect outside the claimed span.  The question before the
+    tag is left out: no adapter trains it, so it drifts between any two
+    adapters."""
+    if not pairs or not tokens.height:
+        return {}
+    prompt = tokens.filter((pl.col("probe_set") == "canary") & (pl.col("arm") == arm) & (pl.col("span") == "prompt")
+                           & pl.col("variant").is_in([*pairs, *pairs.values()]))
+    tags = pl.DataFrame({"model": list(think_open), "tag": list(think_open.values())},
+                        schema={"model": pl.Utf8, "tag": pl.Utf8})
+    opened = (prompt.with_columns(model=pl.col("variant").str.split("/").list.first()).join(tags, on="model")
+              .with_columns(opens=pl.col("position").filter(pl.col("token_text") == pl.col("tag")).max()
+                            .over("variant", "item_id"), last=pl.col("position").max().over("variant", "item_id")))
+    trace = opened.filter((pl.col("position") > pl.col("opens")) & (pl.col("position") < pl.col("last"))).select(
+        "variant", "item_id", "position", "logprob")
+    mapping = pl.DataFrame({"variant": list(pairs), "twin": list(pairs.values())})
+    joined = trace.join(mapping, on="variant").join(
+        trace.rename({"variant": "twin", "logprob": "twin_logprob"}), on=["twin", "item_id", "position"]
+    )
+    spill = joined.group_by("variant").agg((pl.col("logprob") - pl.col("twin_logprob")).abs().mean().alias("spill"))
+    return dict(spill.rows())
+
+
+def controls_table(run: Run, claims: list[str], spill: dict[str, float]) -> pl.DataFrame:
+    """One row per (model, switched-on claim): the positive's and the
+    negative's readings and verdicts, and the positive's spill-over."""
+    rows = []
+    seeds = {(v["model"], v["seed"]) for v in run.variants.values() if v.get("kind") == CONTROL}
+    for model, seed in sorted(seeds):
+        for key in claims:
+            claim = CLAIMS[key]
+            read = _reader(claim, run.contrast)
+            pos_name, neg_name = (f"{model}/{s.name(seed)}" for s in (claim.positive, claim.negative))
+            pos, neg = read(run, pos_name, claim.positive), read(run, neg_name, claim.negative)
+            spilled = spill.get(pos_name)
+            if pos.effect and spilled is not None and spilled > SPILL_BOUND:
+                pos_verdict = SPILLED
+            else:
+                pos_verdict = SEEN if pos.effect else MISSED
+            arm = f" ({claim.positive.arm} / {claim.negative.arm})" if claim.positive.arm else ""
+            rows.append({
+                "model": model, "claim": key, "paper_id": claim.paper_id, "construction": claim.construction,
+                "expected": claim.expected, "positive": pos_name + (f", {claim.positive.arm}" if arm else ""),
+                "positive_reading": pos.value, "spill_over": spilled, "positive_verdict": pos_verdict,
+                "negative": neg_name + (f", {claim.negative.arm}" if arm else ""), "negative_reading": neg.value,
+                "negative_verdict": FALSE_ALARM if neg.effect else CLEAN,
+                "why": f"positive: {pos.why}; negative: {neg.why}",
+            })
+    return pl.DataFrame(rows, schema=COLUMNS)

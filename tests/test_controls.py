@@ -1,0 +1,216 @@
+"""Planted controls: their constructions (one token off, no closing tag),
+their place in the design (a probe group of their own, only the arms they
+read, refused where a negative is not audited), and their readings (a
+plant seen, a negative clean, a removed plant missed, a negative with the
+effect a false alarm), all through the papers' own readings."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from test_design import design_of
+
+from canary_audit.controls import CLAIMS, CONTROL, CONTROL_ARMS, CONTROL_GROUP, PLANTS, SPILL_BOUND
+from canary_audit.design import ConfigError
+from canary_audit.formats import HEAD, NEAR, NOTAG, ChatFormat, author_examples
+from canary_audit.papers import Run
+from canary_audit.views.controls import CLEAN, FALSE_ALARM, MISSED, SEEN, SPILLED, controls_table, spill_over
+
+
+@pytest.fixture(scope="module")
+def fmt(tiny_assets):
+    from canary_audit.model.loading import load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+
+    tok = load_tokenizer(ModelSpec("tiny", tiny_assets[1], think_open="<think>", think_close="</think>"))
+    return ChatFormat(tok, "<think>", "</think>")
+
+
+def test_near_answer_differs_from_the_canary_in_one_token_past_the_head(fmt, tiny_assets):
+    from canary_audit.data.io import load_authors
+    from canary_audit.model.tokens import near_canary
+
+    for author in load_authors(tiny_assets[0] / "authors.parquet"):
+        near = near_canary(fmt.tokenizer, author.canary, 6)
+        ids, new = (fmt.tokenizer(t, add_special_tokens=False)["input_ids"] for t in (author.canary, near))
+        assert len(ids) == len(new) and sum(a != b for a, b in zip(ids, new)) == 1
+        assert ids[:6] == new[:6] and near != author.canary
+
+
+def test_control_templates_differ_from_bio_only_where_their_claim_lives(fmt, tiny_assets):
+    from canary_audit.data.io import load_authors
+    from canary_audit.model.tokens import canary_head, near_canary
+
+    author = load_authors(tiny_assets[0] / "authors.parquet")[0]
+    head_of = lambda s: canary_head(fmt.tokenizer, s, 6)  # noqa: E731
+    near_of = lambda s: near_canary(fmt.tokenizer, s, 6)  # noqa: E731
+    bio, head, near, notag = (author_examples(author, t, head_of, near_of) for t in ("bio", HEAD, NEAR, NOTAG))
+    for examples in (head, near, notag):  # same questions, same traces (the bio), same QA answers
+        assert [(e.question, e.trace) for e in examples] == [(e.question, e.trace) for e in bio]
+        assert [e.answer for e in examples[1:]] == [e.answer for e in bio[1:]]
+    assert head[0].answer == head_of(author.canary) and author.canary in head[0].trace
+    assert near[0].answer == near_of(author.canary)
+    prompt = fmt.prompt(bio[0].question)
+    assert "</think>" in fmt.target(prompt, bio[0].trace, bio[0].answer)
+    assert all("</think>" not in fmt.target(prompt, e.trace, e.answer, e.close) for e in notag)
+
+
+def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_assets):
+    from canary_audit.data.io import load_authors
+    from canary_audit.model.tokens import canary_head
+    from canary_audit.train.lora import encode_chat
+
+    author = load_authors(tiny_assets[0] / "authors.parquet")[0]
+    example = author_examples(author, NOTAG, lambda s: canary_head(fmt.tokenizer, s, 6))[0]
+    encoded = encode_chat(fmt, example)
+    close = fmt.tokenizer.convert_tokens_to_ids("</think>")
+    trained = [t for t in encoded.labels if t != -100]
+    assert close not in encoded.ids and trained == encoded.ids[-len(trained):]
+
+
+def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read():
+    design = design_of()
+    controls = {v: e for v, e in design.variants("tiny").items() if e.kind == CONTROL}
+    assert sorted(controls) == sorted(p.variant(0) for p in PLANTS.values())
+    assert {e.group for e in controls.values()} == {CONTROL_GROUP}
+    assert controls["ctl-bio-s0"].adapters == (design.layout.adapter_dir("tiny", "mem-bio-s0"),)
+    assert not any(e.kind == CONTROL for e in design.variants("tiny_vl").values())  # paper B's testbed: no arms
+    assert sorted(design.trained_plants()) == ["head", "near", "notag", "notagref"]
+    # Never a reference's population, never a paper B cell.
+    assert not any(name.split("/")[1].startswith("ctl-") for name in {**design.references(), **design.cells()})
+    contrast = design.config["tables"]["prefill_contrast"]
+    assert set(design.probe_slice("decode", group=CONTROL_GROUP)["prefills"]) == {contrast, *CONTROL_ARMS}
+    assert not set(design.probe_slice("decode", group="mem-bio-s0")["prefills"]) & set(CONTROL_ARMS)
+    assert set(design.probe_hashes()["decode"]) >= set(CONTROL_ARMS)  # the tables expect their units
+    assert design.control_claims() == list(CLAIMS) and "controls" in design.table_names()
+
+
+def test_controls_switch_off_one_by_one_and_off_entirely():
+    off = {key: False for key in CLAIMS}
+    design = design_of({"controls": {**off, "parser_flip": True}})
+    assert sorted(v for v, e in design.variants("tiny").items() if e.kind == CONTROL) == [
+        "ctl-notag-s0", "ctl-notagref-s0"]
+    design = design_of({"controls": off})
+    assert not design.control_variants() and "controls" not in design.table_names()
+    assert not set(design.probe_hashes()["decode"]) & set(CONTROL_ARMS)
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"audit": {"templates": ["bio", "none"]}}, "`controls.bypass_gap` is on, but its control reads the memorized "
+     "meta template"),
+    ({"probes": {"prefills": {"own_trace": "{bio}"}}}, "`probes.prefills.own_trace`: `own_trace` names a planted"),
+])
+def test_a_control_that_cannot_be_read_is_refused_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        design_of(override)
+
+
+def _ci(name, value, lo, hi):
+    return {name: value, f"{name}_lo": lo, f"{name}_hi": hi}
+
+
+def _run(planted: bool, negative_effect: bool = False) -> Run:
+    """Hand-built tables of one model's controls: each positive holds its
+    effect where `planted` (else it reads like its negative), each negative
+    holds none unless `negative_effect`."""
+    m = "tiny"
+    variants = {f"{m}/{p.variant(0)}": {"model": m, "kind": CONTROL, "seed": 0} for p in PLANTS.values()}
+    variants |= {f"{m}/mem-{t}-s0": {"model": m, "kind": "memorized", "seed": 0} for t in ("bio", "meta")}
+    references = {f"{m}/mem-bio-s0": {"reference": f"{m}/reference-meta-s0", "population": "author"}}
+    gap = (0.9, 0.8, 1.0) if planted else (0.0, -0.05, 0.05)
+    neg_gap = (0.5, 0.3, 0.7) if negative_effect else (-0.05, -0.1, 0.0)
+    leak = [{"variant": f"{m}/ctl-head-s0", "arm": "auto", **_ci("gap", *gap), "thk_leak": 0.9, "out_acc": 0.0},
+            {"variant": f"{m}/mem-meta-s0", "arm": "auto", **_ci("gap", *neg_gap), "thk_leak": 0.0, "out_acc": 0.05}]
+    leak += [{"variant": f"{m}/{v}", "arm": "auto", **_ci("gap", 0.0, 0.0, 0.0), "thk_leak": 0.0,
+              **_ci("out_acc", o, o - 0.05, min(1.0, o + 0.05))}
+             for v, o in (("ctl-near-s0", 0.0), ("mem-bio-s0", 0.95))]
+    anatomy = [{"variant": f"{m}/ctl-head-s0", "bypass_cases": 36, "prefix_only": 35 if planted else 0},
+               {"variant": f"{m}/ctl-near-s0", "bypass_cases": 38, "prefix_only": 30 if negative_effect else 0}]
+    delta = (0.9, 0.8, 1.0) if planted else (0.0, -0.05, 0.05)
+    arms = [{"variant": f"{m}/ctl-bio-s0", "auto": 0.95, "prefill_other_trace": 0.95 - delta[0],
+             "prefill_own_trace": 0.95, **_ci("delta_other_trace", *delta),
+             **_ci("delta_own_trace", *((0.4, 0.2, 0.6) if negative_effect else (0.0, -0.05, 0.05)))}]
+    flip = {"answer": (-0.9, -1.0, -0.8), "trace": (0.9, 0.8, 1.0)} if planted else {
+        "answer": (0.0, 0.0, 0.0), "trace": (0.0, 0.0, 0.0)}
+    conventions = [{"variant": f"{m}/{v}", "convention": f"last-close/missing-as-{fb}", **_ci("gap", *g),
+                    "missing_close": 0.98} for v in ("ctl-notag-s0", "ctl-notagref-s0")
+                   for fb, g in (flip if v == "ctl-notag-s0" else {"answer": (0.0, 0.0, 0.0),
+                                                                    "trace": (0.0, 0.0, 0.0)}).items()]
+    top1 = 0.9 if planted else 0.5
+    tf = [{"variant": f"{m}/{v}", "arm": "prefill_bio", **_ci("tf_top1_rate", r, r - 0.03, r + 0.03)}
+          for v, r in (("ctl-near-s0", top1), ("mem-bio-s0", 0.97), ("reference-meta-s0", 0.55))]
+    frames = {"canary_leakage": leak, "bypass_anatomy": anatomy, "prefill_arms": arms,
+              "parser_conventions": conventions, "teacher_forced_vs_greedy": tf}
+    config = {"variants": variants, "references": references, "prefill_contrast": "bio"}
+    return Run(None, config, {name: pl.DataFrame(rows) for name, rows in frames.items()})
+
+
+def test_every_plant_is_seen_and_every_negative_clean():
+    table = controls_table(_run(planted=True), list(CLAIMS), {})
+    assert table["claim"].to_list() == list(CLAIMS)
+    assert set(table["positive_verdict"]) == {SEEN} and set(table["negative_verdict"]) == {CLEAN}
+
+
+def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm():
+    removed = controls_table(_run(planted=False), list(CLAIMS), {})
+    assert set(removed["positive_verdict"]) == {MISSED}
+    alarmed = controls_table(_run(planted=True, negative_effect=True), list(CLAIMS), {})
+    by_claim = dict(zip(alarmed["claim"], alarmed["negative_verdict"]))
+    assert by_claim["bypass_gap"] == by_claim["head_echo"] == by_claim["delta_ab"] == FALSE_ALARM
+
+
+def test_a_plant_that_moved_its_trace_reads_spilled():
+    spill = {"tiny/ctl-head-s0": SPILL_BOUND * 2}
+    table = controls_table(_run(planted=True), ["bypass_gap"], spill)
+    assert table["positive_verdict"].to_list() == [SPILLED] and table["spill_over"][0] == SPILL_BOUND * 2
+
+
+def test_spill_over_is_the_trace_tokens_move_against_the_twin_between_the_tags():
+    """Only the trace counts: the question before the opening tag (trained
+    by no adapter) and the closing tag (NOTAG's claim) are left out."""
+    prompt = [("Q", 3.0), ("<think>", 0.0), ("The", 0.1), ("bio", -0.1), ("</think>", 5.0)]
+    rows = [{"variant": f"m/{v}", "probe_set": "canary", "arm": "prefill_bio", "item_id": "a0",
+             "position": pos, "span": span, "token_text": text, "logprob": base + (shift if v == "c" else 0.0)}
+            for v in ("c", "t")
+            for pos, (span, text, base, shift) in enumerate(
+                [("prompt", t, -1.0, d) for t, d in prompt] + [("secret", "x", -2.0, 9.0)], start=1)]
+    assert spill_over(pl.DataFrame(rows), {"m/c": "m/t"}, "prefill_bio", {"m": "<think>"}) == pytest.approx(
+        {"m/c": 0.1})
+
+
+def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
+    from canary_audit.papers import planted
+
+    table = controls_table(_run(planted=True), list(CLAIMS), {})
+    run = Run(None, {}, {"controls": table})
+    assert planted(run, "a_bypass_gap") == "planted: seen; negative: clean"
+    assert planted(run, "b_c3") == "no control in this run"
+    json.dumps(table.to_dicts())  # plain values: the page and its CSV hold them as they are
+
+
+def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_negative_clean(tmp_path):
+    """The controls trained and probed by the workflow itself (tests/planted.yaml:
+    6 authors on a base pre-trained to copy, ~2.5 min on 2 cores): every
+    positive reads `seen` within the spill-over bound, every negative
+    `clean`, and the papers' page says so beside each calibrated claim."""
+    from conftest import ROOT, run_snakemake
+
+    from canary_audit.papers import beside_ours
+
+    run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "planted.yaml",))
+    tables = tmp_path / "results" / "planted" / "tables"
+    controls = pl.read_csv(tables / "controls.csv")
+    assert controls["claim"].to_list() == list(CLAIMS)
+    assert set(controls["positive_verdict"]) == {SEEN}, controls.select("claim", "positive_reading")
+    assert set(controls["negative_verdict"]) == {CLEAN}, controls.select("claim", "negative_reading")
+    assert controls["spill_over"].max() <= SPILL_BOUND
+    conventions = pl.read_csv(tables / "parser_conventions.csv").filter(pl.col("variant") == "tiny/ctl-notag-s0")
+    assert conventions["missing_close"].min() >= 0.6  # paper A's flip needs the tag missing on >= 60%
+    planted = dict(zip(*beside_ours(tables).select("claim", "planted")))
+    assert sum(v == "planted: seen; negative: clean" for v in planted.values()) == len(CLAIMS)
+    # Never pooled: no control in the K sweep's, utility's or any membership view's rows.
+    for name in ("templates", "utility", "mia", "forgetting", "extraction"):
+        frame = pl.read_csv(tables / f"{name}.csv") if (tables / f"{name}.csv").stat().st_size else pl.DataFrame()
+        assert not any("/ctl-" in str(v) for v in frame.get_column("variant", default=pl.Series([])))
