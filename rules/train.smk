@@ -64,6 +64,35 @@ rule control_lora:
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
+# Paper B's planted controls (canary_audit/controls.py, HexPlant): a LoRA on
+# the canary-merged base trained on the hex records with one secret token
+# each overwritten, past or inside the mean-K window.
+rule control_hex_lora:
+    input:
+        data_files("hex_canaries"),
+        merged=lambda w: DESIGN.variant(w.model, f"ctl-{w.hexplant}-s{w.seed}").base,
+    output:
+        directory(LAYOUT.adapter_dir("{model}", "ctl-{hexplant}-s{seed}")),
+    log:
+        f"{R}/logs/{{model}}/control-{{hexplant}}-s{{seed}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/control_hex_lora-{{hexplant}}-s{{seed}}.tsv"
+    wildcard_constraints:
+        hexplant="|".join(DESIGN.trained_hex_plants()) or "no_plant",
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=lambda w: canonical(DESIGN.hex_plant_slice(w.hexplant, int(w.seed))),
+        model=lambda w, input: model_json(w, input.merged),
+        data=lambda w, input: str(Path(input[0]).parent),
+    shell:
+        "python -m canary_audit hexplant --model {params.model:q} --params {params.cfg:q} "
+        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+
+
 rule canary_lora:
     input:
         data_files("hex_canaries", "retain"),

@@ -12,7 +12,16 @@ import polars as pl
 import pytest
 from test_design import design_of
 
-from canary_audit.controls import CLAIMS, CONTROL, CONTROL_ARMS, CONTROL_GROUP, PLANTS, SPILL_BOUND
+from canary_audit.controls import (
+    CLAIMS,
+    CONTROL,
+    CONTROL_ARMS,
+    CONTROL_GROUP,
+    CONTROL_HEX_GROUP,
+    HEX_PLANTS,
+    PLANTS,
+    SPILL_BOUND,
+)
 from canary_audit.design import ConfigError
 from canary_audit.formats import HEAD, NEAR, NOTAG, ChatFormat, author_examples
 from canary_audit.papers import Run
@@ -73,13 +82,22 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
 def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read():
     design = design_of()
     controls = {v: e for v, e in design.variants("tiny").items() if e.kind == CONTROL}
-    assert sorted(controls) == sorted(p.variant(0) for p in PLANTS.values())
-    assert {e.group for e in controls.values()} == {CONTROL_GROUP}
+    assert sorted(controls) == sorted(p.variant(0) for p in (*PLANTS.values(), *HEX_PLANTS.values()))
+    assert {e.group for v, e in controls.items() if v.removeprefix("ctl-")[:-3] in PLANTS} == {CONTROL_GROUP}
     assert controls["ctl-bio-s0"].adapters == (design.layout.adapter_dir("tiny", "mem-bio-s0"),)
+    # Paper B's plants: stacked on a merged base, judged against it as a cell of kind `control`.
+    lay = design.layout
+    assert (controls["ctl-c3-s0"].base, controls["ctl-c3-s0"].parent) == (lay.merged_dir("tiny", "canary-s0"),
+                                                                          "merged-s0")
+    assert (controls["ctl-c5-s0"].base, controls["ctl-c5-s0"].parent) == (
+        lay.merged_dir("tiny", "canary-s0-under"), "merged-s0-under")
+    assert design.cells()["tiny/ctl-c4-s0"]["kind"] == CONTROL
+    assert design.probe_sets_of("tiny", CONTROL_HEX_GROUP) == "hex"
+    assert design.hex_plant_slice("c3", 0)["window_k"] == design.config["tables"]["window_k"]
     assert not any(e.kind == CONTROL for e in design.variants("tiny_vl").values())  # paper B's testbed: no arms
     assert sorted(design.trained_plants()) == ["head", "near", "notag", "notagref"]
-    # Never a reference's population, never a paper B cell.
-    assert not any(name.split("/")[1].startswith("ctl-") for name in {**design.references(), **design.cells()})
+    # Never a reference's population.
+    assert not any(name.split("/")[1].startswith("ctl-") for name in design.references())
     contrast = design.config["tables"]["prefill_contrast"]
     assert set(design.probe_slice("decode", group=CONTROL_GROUP)["prefills"]) == {contrast, *CONTROL_ARMS}
     assert not set(design.probe_slice("decode", group="mem-bio-s0")["prefills"]) & set(CONTROL_ARMS)
@@ -89,9 +107,12 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
 
 def test_controls_switch_off_one_by_one_and_off_entirely():
     off = {key: False for key in CLAIMS}
-    design = design_of({"controls": {**off, "parser_flip": True}})
+    design = design_of({"controls": {**off, "parser_flip": True, "window_truncation": True}})
     assert sorted(v for v, e in design.variants("tiny").items() if e.kind == CONTROL) == [
-        "ctl-notag-s0", "ctl-notagref-s0"]
+        "ctl-c3-s0", "ctl-c3in-s0", "ctl-notag-s0", "ctl-notagref-s0"]
+    assert design.trained_hex_plants() == ["c3", "c3in"]
+    no_under = design_of({"bsft": {"controls": {"undertrained": {"sources": []}}}})
+    assert "ctl-c5-s0" not in no_under.variants("tiny") and "ctl-c3-s0" in no_under.variants("tiny")
     design = design_of({"controls": off})
     assert not design.control_variants() and "controls" not in design.table_names()
     assert not set(design.probe_hashes()["decode"]) & set(CONTROL_ARMS)
@@ -141,9 +162,18 @@ def _run(planted: bool, negative_effect: bool = False) -> Run:
     top1 = 0.9 if planted else 0.5
     tf = [{"variant": f"{m}/{v}", "arm": "prefill_bio", **_ci("tf_top1_rate", r, r - 0.03, r + 0.03)}
           for v, r in (("ctl-near-s0", top1), ("mem-bio-s0", 0.97), ("reference-meta-s0", 0.55))]
+    cases = {"c3": "window truncation", "c4": "non-secret span drift", "c5": "undertrained ambiguity"}
+    negatives = {"c3in": "c3", "c4neg": "c4", "c5neg": "c5"}
+    variants |= {f"{m}/{p.variant(0)}": {"model": m, "kind": CONTROL, "seed": 0} for p in HEX_PLANTS.values()}
+    cells = {f"{m}/{p.variant(0)}": {"model": m, "cell": f"control {p.name}"} for p in HEX_PLANTS.values()}
+    matrix = [{"model": m, "modality": "text", "cell": f"control {name}", "diagnosis": (
+        (cases[name] if planted else "agree") if name in cases else (cases[negatives[name]] if negative_effect
+                                                                      else "agree")),
+        **_ci("delta_window", 0.0, -0.001, 0.001), **_ci("delta_secret", 0.3, 0.2, 0.4), "ref_hit1": 1.0,
+        "hit1": 0.0, "inconclusive_probes": ""} for name in HEX_PLANTS]
     frames = {"canary_leakage": leak, "bypass_anatomy": anatomy, "prefill_arms": arms,
-              "parser_conventions": conventions, "teacher_forced_vs_greedy": tf}
-    config = {"variants": variants, "references": references, "prefill_contrast": "bio"}
+              "parser_conventions": conventions, "teacher_forced_vs_greedy": tf, "bsft_matrix": matrix}
+    config = {"variants": variants, "references": references, "prefill_contrast": "bio", "cells": cells}
     return Run(None, config, {name: pl.DataFrame(rows) for name, rows in frames.items()})
 
 
@@ -159,6 +189,7 @@ def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_ala
     alarmed = controls_table(_run(planted=True, negative_effect=True), list(CLAIMS), {})
     by_claim = dict(zip(alarmed["claim"], alarmed["negative_verdict"]))
     assert by_claim["bypass_gap"] == by_claim["head_echo"] == by_claim["delta_ab"] == FALSE_ALARM
+    assert by_claim["window_truncation"] == by_claim["span_drift"] == by_claim["undertrained"] == FALSE_ALARM
 
 
 def test_a_plant_that_moved_its_trace_reads_spilled():
@@ -186,15 +217,16 @@ def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
     table = controls_table(_run(planted=True), list(CLAIMS), {})
     run = Run(None, {}, {"controls": table})
     assert planted(run, "a_bypass_gap") == "planted: seen; negative: clean"
-    assert planted(run, "b_c3") == "no control in this run"
+    assert planted(run, "b_c4_merged") == "no control in this run"
     json.dumps(table.to_dicts())  # plain values: the page and its CSV hold them as they are
 
 
 def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_negative_clean(tmp_path):
     """The controls trained and probed by the workflow itself (tests/planted.yaml:
-    6 authors on a base pre-trained to copy, ~2.5 min on 2 cores): every
-    positive reads `seen` within the spill-over bound, every negative
-    `clean`, and the papers' page says so beside each calibrated claim."""
+    6 authors and 4 hex canaries on a base pre-trained to copy, ~3 min on 2
+    cores): every positive reads `seen` within the spill-over bound (C5's
+    read only), every negative `clean`, the papers' page says so beside each
+    calibrated claim, and no control is pooled into another view."""
     from conftest import ROOT, run_snakemake
 
     from canary_audit.papers import beside_ours
@@ -203,14 +235,49 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     tables = tmp_path / "results" / "planted" / "tables"
     controls = pl.read_csv(tables / "controls.csv")
     assert controls["claim"].to_list() == list(CLAIMS)
-    assert set(controls["positive_verdict"]) == {SEEN}, controls.select("claim", "positive_reading")
+    seen = dict(zip(controls["claim"], controls["positive_verdict"]))
+    assert seen.pop("undertrained") in (SEEN, MISSED)  # read, not asserted at 4 canaries (tests/planted.yaml)
+    assert set(seen.values()) == {SEEN}, controls.select("claim", "positive_reading")
     assert set(controls["negative_verdict"]) == {CLEAN}, controls.select("claim", "negative_reading")
     assert controls["spill_over"].max() <= SPILL_BOUND
     conventions = pl.read_csv(tables / "parser_conventions.csv").filter(pl.col("variant") == "tiny/ctl-notag-s0")
     assert conventions["missing_close"].min() >= 0.6  # paper A's flip needs the tag missing on >= 60%
-    planted = dict(zip(*beside_ours(tables).select("claim", "planted")))
-    assert sum(v == "planted: seen; negative: clean" for v in planted.values()) == len(CLAIMS)
+    planted = beside_ours(tables)["planted"].to_list()
+    assert sum(v == "planted: seen; negative: clean" for v in planted) >= len(CLAIMS) - 1
     # Never pooled: no control in the K sweep's, utility's or any membership view's rows.
-    for name in ("templates", "utility", "mia", "forgetting", "extraction"):
-        frame = pl.read_csv(tables / f"{name}.csv") if (tables / f"{name}.csv").stat().st_size else pl.DataFrame()
-        assert not any("/ctl-" in str(v) for v in frame.get_column("variant", default=pl.Series([])))
+    for name in ("utility", "mia", "forgetting", "extraction", "exposure", "privacy"):
+        frame = pl.read_csv(tables / f"{name}.csv")
+        assert not frame.filter(pl.col("variant").str.contains("/ctl-")).height, name
+    assert not set(pl.read_csv(tables / "templates.csv")["template"]) & {"head", "near", "notag"}
+    cases = pl.read_csv(tables / "bsft_case_studies.csv")  # a plant's cell is the matrix's row, never a case
+    assert not cases.filter(pl.col("cell").str.contains("control")).height
+
+
+@pytest.mark.parametrize("at,moved", [("past", "last"), ("inside", "first"), ("tail", "past"), ("preamble", "preamble"),
+                                      ("none", "nothing")])
+def test_a_paper_b_plant_overwrites_only_its_tokens_and_keeps_the_rest_as_its_target(fmt, tiny_assets, at, moved):
+    from canary_audit.probes.items import hex_rows
+    from canary_audit.train.plants import overwritten
+
+    row = hex_rows(tiny_assets[0], None, members_only=True)[0]
+    encoded, positions = overwritten(fmt.tokenizer, row.text(fmt, None), row.secret, at, 20)
+    ids, labels = encoded.ids, encoded.labels
+    changed = [i for i in range(1, len(ids)) if labels[i] != ids[i]]
+    assert labels[0] == -100 and changed == positions
+    pieces = fmt.tokenizer.convert_ids_to_tokens([labels[i] for i in changed])
+    if moved == "preamble":
+        assert positions == [1] and not any(p[0] in "0123456789abcdef" for p in pieces)
+    elif moved == "nothing":
+        assert positions == []
+    else:
+        assert all(p in "0123456789abcdef" for p in pieces) and positions
+        assert (min(positions) > 20) == (moved in ("last", "past"))
+
+
+def test_a_plant_whose_secret_does_not_straddle_the_window_is_refused(fmt, tiny_assets):
+    from canary_audit.probes.items import hex_rows
+    from canary_audit.train.plants import overwritten
+
+    row = hex_rows(tiny_assets[0], None, members_only=True)[0]
+    with pytest.raises(ValueError, match="do not straddle the window of 60"):
+        overwritten(fmt.tokenizer, row.text(fmt, None), row.secret, "past", 60)

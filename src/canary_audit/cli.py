@@ -101,6 +101,13 @@ def cmd_control(args, params):
     return train(_spec(args), Path(args.data), {**cfg, "threads": args.threads}, Path(args.out))
 
 
+def cmd_hex_plant(args, params):
+    """A paper B planted control's adapter on the merged base (train/plants.py)."""
+    from canary_audit.train.plants import train_hex_plant
+
+    return train_hex_plant(_spec(args), Path(args.data), {**params, "threads": args.threads}, Path(args.out))
+
+
 def cmd_canary(args, params):
     """--out ADAPTER MERGED [UNDER_ADAPTER UNDER_MERGED]"""
     from canary_audit.train.adapters import train_canary
@@ -296,8 +303,8 @@ def cmd_summary(args, params):
 COMMANDS = {
     "data": cmd_data, "populations": cmd_populations, "images": cmd_vision_data, "base": cmd_base,
     "vision": cmd_vision_base, "imagenonmembers": cmd_image_nonmembers, "authornonmembers": cmd_author_nonmembers,
-    "memorize": cmd_memorize, "control": cmd_control, "canary": cmd_canary, "reference": cmd_reference,
-    "authorreference": cmd_reference,
+    "memorize": cmd_memorize, "control": cmd_control, "hexplant": cmd_hex_plant, "canary": cmd_canary,
+    "reference": cmd_reference, "authorreference": cmd_reference,
     "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
     "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
     "status": cmd_status, "ownsecrets": cmd_own_secrets, "plan": cmd_plan,

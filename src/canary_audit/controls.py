@@ -44,6 +44,38 @@ SPILL_BOUND = 0.05
 
 
 @dataclass(frozen=True)
+class HexPlant:
+    """A paper B control, variant `ctl-<name>-s<seed>`: a LoRA stacked on the
+    canary-merged base, trained on the hex canary records with the record
+    itself as target (an anchor: every other token keeps its value) except
+    the tokens `at` names overwritten (train/plants.py): `past`, the
+    secret's last token, past the mean-K window (paper B's C3 damage at the
+    last hex token); `inside`, its first, inside the window; `preamble`, a
+    preamble word (C4: the window moves, the secret does not); `tail`, every
+    secret token past the window, on the undertrained base (C5: the in-window
+    secret learnt, the tail wrong); `none`, the record as it is.  The recipe
+    (HEX_PLANT_RECIPE) was chosen on the default run's merged base: the
+    past-K overwrite moves mean20 by < 0.001 nats while the secret span rises
+    ~0.4 and greedy hit@1 falls to 0 of 20."""
+
+    name: str
+    at: str
+    under: bool = False  # on the undertrained canary's merged base (C5)
+
+    def variant(self, seed: int) -> str:
+        return f"ctl-{self.name}-s{seed}"
+
+
+HEX_PLANTS = {p.name: p for p in (
+    HexPlant("c3", "past"), HexPlant("c3in", "inside"),
+    HexPlant("c4", "preamble"), HexPlant("c4neg", "none"),
+    HexPlant("c5", "tail", under=True), HexPlant("c5neg", "none", under=True),
+)}
+HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10}  # LoRA shape: the bSFT recipe's
+CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
+
+
+@dataclass(frozen=True)
 class Plant:
     """A control adapter, variant `ctl-<name>-s<seed>`: the memorization
     recipe on a control template, on its retain examples alone
@@ -67,9 +99,10 @@ PLANTS = {p.name: p for p in (
 )}
 
 
-def plant_of(variant: str) -> Plant:
+def plant_of(variant: str) -> Plant | HexPlant:
     """The plant behind a control variant's name (`ctl-<plant>-s<seed>`)."""
-    return PLANTS[variant.removeprefix("ctl-").rsplit("-s", 1)[0]]
+    name = variant.removeprefix("ctl-").rsplit("-s", 1)[0]
+    return HEX_PLANTS[name] if name in HEX_PLANTS else PLANTS[name]
 
 
 @dataclass(frozen=True)
@@ -81,11 +114,12 @@ class Side:
     arm: str | None = None
 
     def name(self, seed: int) -> str:
-        return PLANTS[self.variant].variant(seed) if self.variant in PLANTS else f"{self.variant}-s{seed}"
+        plants = {**PLANTS, **HEX_PLANTS}
+        return plants[self.variant].variant(seed) if self.variant in plants else f"{self.variant}-s{seed}"
 
     @property
     def plant(self) -> str | None:
-        return self.variant if self.variant in PLANTS else None
+        return self.variant if self.variant in PLANTS or self.variant in HEX_PLANTS else None
 
     @property
     def template(self) -> str | None:
@@ -105,6 +139,7 @@ class Claim:
     construction: str
     expected: str
     twin: str | None = "mem-bio"  # the adapter the positive's spill-over is measured against
+    paper: str = "A"  # A: on models with paper A's templates; B: on the canary-merged base of a text model
 
     def plants(self) -> set[str]:
         return {s.plant for s in (self.positive, self.negative) if s.plant}
@@ -136,6 +171,20 @@ CLAIMS = {c.key: c for c in (
           "NEAR: the BIO template answering with the canary changed in one token (greedy exact match 0 by "
           "construction); negative: BIO itself",
           "teacher-forced top-1 CI above greedy out_acc's and above the never-trained reference's; negative: not"),
+    Claim("window_truncation", "b_c3", Side("c3"), Side("c3in"),
+          "C3: a LoRA on the canary-merged base trained on the hex records as they are but for each canary's last "
+          "secret token, past the mean-K window, overwritten with another digit; negative: the same overwrite of "
+          "the first secret token, inside the window",
+          "the detector reads `window truncation`; negative: it reads anything else", twin=None, paper="B"),
+    Claim("span_drift", "b_c4", Side("c4"), Side("c4neg"),
+          "C4: a LoRA on the canary-merged base trained on the hex records as they are but for their first "
+          "preamble word, overwritten (never a hex digit); negative: the same records, nothing overwritten",
+          "the detector reads `non-secret span drift`; negative: it reads anything else", twin=None, paper="B"),
+    Claim("undertrained", "b_c5", Side("c5"), Side("c5neg"),
+          "C5: a LoRA on the undertrained canary's merged base trained on the hex records (the in-window secret "
+          "toward its true digits) with every secret token past the window overwritten; negative: the same "
+          "records, nothing overwritten",
+          "the detector reads `undertrained ambiguity`; negative: it reads anything else", twin=None, paper="B"),
 )}
 
 
@@ -145,7 +194,8 @@ def active_claims(config: dict) -> list[Claim]:
     return [claim for key, claim in CLAIMS.items() if block.get(key, False)]
 
 
-def active_plants(config: dict) -> list[Plant]:
-    """The plants the switched-on claims read, in PLANTS order."""
-    wanted = set().union(*(c.plants() for c in active_claims(config)))
-    return [p for name, p in PLANTS.items() if name in wanted]
+def active_plants(config: dict, paper: str = "A") -> list:
+    """The plants the switched-on claims of `paper` read (Plant for A,
+    HexPlant for B), in declaration order."""
+    wanted = set().union(*(c.plants() for c in active_claims(config) if c.paper == paper))
+    return [p for name, p in (PLANTS if paper == "A" else HEX_PLANTS).items() if name in wanted]

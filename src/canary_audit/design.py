@@ -13,7 +13,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from canary_audit.controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, PLANTS, active_claims, active_plants
+from canary_audit.controls import (
+    CONTROL,
+    CONTROL_ARMS,
+    CONTROL_GROUP,
+    CONTROL_HEX_GROUP,
+    HEX_PLANT_RECIPE,
+    HEX_PLANTS,
+    PLANTS,
+    active_claims,
+    active_plants,
+)
 from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.data.secrets import SecretsRefused, candidate_count, declared_format, load_own_secrets, setting
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
@@ -322,6 +332,8 @@ class Design:
                 out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", "base", seed=seed)
                 if self.bsft_active():
                     out.update(self._bsft_variants(model, seed))
+                    if seed == audit["seeds"][0]:
+                        out.update(self._control_hex_variants(model, seed))
         out.update(self._import_variants(model, out))
         return out
 
@@ -339,6 +351,37 @@ class Design:
             out[name] = Variant(name, CONTROL, base, (adapter,), "base", CONTROL_GROUP, template=plant.template,
                                 seed=seed)
         return out
+
+    def _control_hex_variants(self, model: str, seed: int) -> dict[str, Variant]:
+        """Paper B's planted controls (controls.HEX_PLANTS) on the canary-merged
+        base of `seed`: LoRAs stacked on it, judged against it like a bSFT
+        cell (their cells' kind is `control`, which no paper B measure pools),
+        in a probe group of their own; on text models (a vision-language
+        record's positions start after its image block: not built)."""
+        if self.is_vision(model):
+            return {}
+        lay, out = self.layout, {}
+        for plant in active_plants(self.config, "B"):
+            if plant.under and not self.undertrained_sources():
+                continue  # no undertrained merged base to plant C5 on (bsft.controls.undertrained)
+            name, under = plant.variant(seed), "-under" if plant.under else ""
+            cell = {"cell": f"control {plant.name}", "kind": CONTROL, "source": plant.name,
+                    "step": HEX_PLANT_RECIPE["steps"], "application": "stacked", "bsft_seed": 0, "canary_seed": seed}
+            out[name] = Variant(name, CONTROL, lay.merged_dir(model, f"canary-s{seed}{under}"),
+                                (lay.adapter_dir(model, name),), f"merged-s{seed}{under}", CONTROL_HEX_GROUP,
+                                "stacked", cell, seed=seed)
+        return out
+
+    def hex_plant_slice(self, plant: str, seed: int) -> dict:
+        """What a paper B plant's training reads: the bSFT LoRA's shape, the
+        plant recipe, which token it overwrites and the window it is judged
+        against (`tables.window_k`: where "past the window" begins)."""
+        keep = ("r", "alpha", "targets")
+        return {**{k: self.bsft[k] for k in keep}, **HEX_PLANT_RECIPE, "at": HEX_PLANTS[plant].at,
+                "window_k": self.config["tables"]["window_k"], "seed": seed}
+
+    def trained_hex_plants(self) -> list[str]:
+        return [p.name for p in active_plants(self.config, "B")]
 
     def trained_plants(self) -> list[str]:
         """The control adapters the workflow trains (a reused one is not)."""
@@ -575,7 +618,7 @@ class Design:
         controls' own arms (controls.CONTROL_ARMS) alone; every arm of the
         run with None (the units whose records the tables expect)."""
         audit = self.config["probes"]["prefills"]
-        if not self.control_variants():
+        if not any(e.group == CONTROL_GROUP for m in self.config["audit"]["models"] for e in self.variants(m).values()):
             return audit
         contrast = self.config["tables"]["prefill_contrast"]
         controls = {**({contrast: audit[contrast]} if contrast in audit else {}), **CONTROL_ARMS}
@@ -625,7 +668,7 @@ class Design:
         imported = {imp.group: imp for imp in self.imports(model).values()}
         if group in imported:  # an import runs its parent's probe sets
             return self.probe_sets_of(model, self.variants(model)[imported[group].parent].group)
-        if not self.templates_of(model) or group.startswith("bsft-"):
+        if not self.templates_of(model) or group.startswith("bsft-") or group == CONTROL_HEX_GROUP:
             return HEX
         if group == "base":
             return ALL_SETS if self.config["audit"]["hex_canaries"] else AUTHOR_SETS

@@ -13,6 +13,7 @@ MODEL_JOBS = {
     "embedded_vision_base": "vision",
     "memorize": "memorize",
     "control_lora": "control",
+    "control_hex_lora": "hexplant",
     "canary_lora": "canary",
     "reference_lora": "reference",
     "author_reference_lora": "authorreference",

@@ -69,6 +69,7 @@ class Run:
             config = json.loads((tables / "view_config.json").read_text())
         self.variants: dict[str, dict] = config.get("variants", {})
         self.references: dict[str, dict] = config.get("references", {})
+        self.cells: dict[str, dict] = config.get("cells", {})
         self.split = config.get("parser", {}).get("split", DEFAULT_SPLIT)
         self.contrast = config.get("prefill_contrast", "bio")
 
@@ -242,6 +243,25 @@ def read_tf_vs_greedy(run: Run, variant: str, arm: str, reference: str | None = 
                    f"teacher_forced_vs_greedy: {variant}, {arm}; canary_leakage: its AUTO out_acc")
 
 
+def _cell_text(row: dict) -> str:
+    return (f"Delta mean-K {ci_text(row, 'delta_window', 4)}, Delta secret {ci_text(row, 'delta_secret', 4)}, "
+            f"hit@1 {row['ref_hit1']:.2f} -> {row['hit1']:.2f}")
+
+
+def read_case(run: Run, variant: str, diagnosis: str) -> Reading:
+    """The disagreement detector's reading of `variant`'s cell (bsft_matrix,
+    its text canaries): read where it is `diagnosis`."""
+    cell, matrix = run.cells.get(variant), run.table("bsft_matrix")
+    row = _row(matrix, model=cell["model"], cell=cell["cell"], modality="text") if cell else None
+    if row is None:
+        return _missing(f"paper B cell of {variant}", "bsft_matrix")
+    found = row["diagnosis"]
+    why = f"the detector reads `{found}`" + (f" (inconclusive: {row['inconclusive_probes']})"
+                                            if row.get("inconclusive_probes") else "")
+    return Reading(f"{_cell_text(row)}; {found}", found == diagnosis, why,
+                   f"bsft_matrix: {cell['model']} text {cell['cell']}")
+
+
 def bypass_gap(run: Run) -> Ours:
     head = run.headline()
     return read_gap(run, head[0]).verdict() if head else _no_headline()
@@ -299,9 +319,7 @@ def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
         return Ours("not observed", NOT_REPRODUCED, f"no cell of the grid reads `{diagnosis}` (cells of this kind: "
                     f"{seen or 'none'})", "bsft_matrix: diagnosis")
     row = found.row(0, named=True)
-    value = (f"Delta mean-K {ci_text(row, 'delta_window', 4)}, Delta secret {ci_text(row, 'delta_secret', 4)}, "
-             f"hit@1 {row['ref_hit1']:.2f} -> {row['hit1']:.2f}")
-    return Ours(value, SAME, f"{found.height} of {cells.height} cells read `{diagnosis}`",
+    return Ours(_cell_text(row), SAME, f"{found.height} of {cells.height} cells read `{diagnosis}`",
                 f"bsft_matrix: {row['model']} {row['modality']} {row['cell']}")
 
 

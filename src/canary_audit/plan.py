@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from canary_audit.controls import CONTROL, plant_of
+from canary_audit.controls import CONTROL, HEX_PLANT_RECIPE, plant_of
 from canary_audit.design import AUTHOR_SETS, HEX, Design
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
@@ -129,6 +129,7 @@ def job_counts(design: Design) -> dict[str, int]:
         variants = design.variants(m).values()
         add("memorize", sum(v.kind == "memorized" for v in variants))
         add("control_lora", len(design.trained_plants()) if design.templates_of(m) else 0)
+        add("control_hex_lora", sum(v.kind == CONTROL and v.cell is not None for v in variants))
         add("author_reference_lora", sum(v.kind == "reference" and v.template is not None for v in variants))
         add("reference_lora", sum(v.kind == "reference" and v.template is None for v in variants))
         add("canary_lora", sum(v.kind == "canary" for v in variants))
@@ -253,8 +254,9 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
                 scored.tokens += tokens
                 scored.gpu_seconds = _add(scored.gpu_seconds, seconds(2 * n, tokens, speed, "scoring"))
                 scored.disk_bytes += tokens * RECORD_BYTES["token"]
-    stages["train"].jobs = sum(jobs.get(r, 0) for r in ("memorize", "control_lora", "author_reference_lora",
-                                                        "reference_lora", "canary_lora", "bsft", "unlearn"))
+    stages["train"].jobs = sum(jobs.get(r, 0) for r in ("memorize", "control_lora", "control_hex_lora",
+                                                        "author_reference_lora", "reference_lora", "canary_lora",
+                                                        "bsft", "unlearn"))
     stages["decode"].jobs = jobs.get("decode_pass", 0)
     stages["teacher_forced"].jobs = jobs.get("teacher_forced_pass", 0)
     return list(stages.values())
@@ -279,6 +281,9 @@ def _training(design: Design, v) -> tuple[int, int, int, int]:
     last, an unlearning checkpoint other than the run's last)."""
     cfg = design.config
     reference = v.kind == "reference"  # the recipe's retain examples alone (adapters.train_reference)
+    if v.kind == CONTROL and v.cell is not None:  # a paper B plant: its recipe on the hex records
+        b = cfg["bsft"]
+        return HEX_PLANT_RECIPE["steps"], HEX_PLANT_RECIPE["batch_size"], TOKENS["hex_record"], b["r"]
     if v.kind == CONTROL:  # a plant trains the memorization recipe (a reused adapter trains nothing)
         plant = plant_of(v.name)
         if plant.reuse:

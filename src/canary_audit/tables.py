@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.controls import CONTROL, CONTROL_ARMS, SPILL_BOUND
+from canary_audit.controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
 from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.papers import Run
 from canary_audit.records import (
@@ -234,7 +234,7 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             )
         cells = cfg.get("cells", {})
         if cells:
-            tables.update(bsft_tables(decode, tokens, cfg, boot))
+            tables.update(bsft_tables(*everything, cfg, boot))  # a control cell is a row of the matrix
         if canary.height:
             tables["teacher_forced_vs_greedy"] = (
                 f"Teacher-forced vs greedy on the same canaries and weights, per prefill arm ({ci})",
@@ -272,10 +272,8 @@ def _controls(tables: dict[str, tuple[str, pl.DataFrame]], tokens: pl.DataFrame,
     """The controls table, read from the tables built so far."""
     variants, claims = cfg.get("variants", {}), cfg.get("controls", [])
     run = Run(None, cfg, {name: frame for name, (_, frame) in tables.items()})
-    twins = {}
-    for name, v in variants.items():
-        if v.get("kind") == CONTROL:
-            twins[name] = f"{v['model']}/mem-bio-s{v['seed']}"
+    twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in variants.items()
+             if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
     arm = f"prefill_{cfg.get('prefill_contrast', 'bio')}"
     return controls_table(run, claims, spill_over(tokens, twins, arm, cfg.get("think_open", {})))
 
@@ -290,6 +288,8 @@ def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Boo
 
     probes = paper_b.cell_probes(tokens, decode, parents, cells, window_k, verdicts, boot)
     pooled = probes["cells"]
+    # A planted control's cell is a row of the matrix, never a case or a merge pair of the grid.
+    grid = pooled.filter(pl.col("kind") != CONTROL) if pooled.height else pooled
     return {
         "bsft_runs": (f"bSFT cells, seed-level runs: every probe against the merged base ({ci}; {rule})",
                       probes["runs"]),
@@ -299,9 +299,9 @@ def bsft_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict, boot: Boo
                                paper_b.decomposition(pooled)),
         "bsft_merged_vs_stacked": ("The same bSFT adapters stacked on vs merged into the merged base, merged in "
                                    "each model's merge precision (models.<m>.merge_dtype)",
-                                   paper_b.merged_vs_stacked(pooled, cfg.get("merge_precision", {}))),
+                                   paper_b.merged_vs_stacked(grid, cfg.get("merge_precision", {}))),
         "bsft_case_studies": ("Paper B's three case studies, as found in this grid",
-                              paper_b.case_studies(pooled, window_k)),
+                              paper_b.case_studies(grid, window_k)),
     }
 
 

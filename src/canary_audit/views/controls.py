@@ -16,7 +16,16 @@ from collections.abc import Callable
 import polars as pl
 
 from canary_audit.controls import CLAIMS, CONTROL, SPILL_BOUND, Claim, Side
-from canary_audit.papers import Reading, Run, read_delta, read_gap, read_head_echo, read_parser_flip, read_tf_vs_greedy
+from canary_audit.papers import (
+    Reading,
+    Run,
+    read_case,
+    read_delta,
+    read_gap,
+    read_head_echo,
+    read_parser_flip,
+    read_tf_vs_greedy,
+)
 
 SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM = "seen", "missed", "spilled", "clean", "false alarm"
 COLUMNS = {"model": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8, "expected": pl.Utf8,
@@ -32,6 +41,9 @@ def _reader(claim: Claim, contrast: str) -> Callable[[Run, str, Side], Reading]:
         "delta_ab": lambda run, v, side: read_delta(run, v, side.arm),
         "parser_flip": lambda run, v, side: read_parser_flip(run, v),
         "teacher_forced": lambda run, v, side: read_tf_vs_greedy(run, v, f"prefill_{contrast}", _reference(run, v)),
+        "window_truncation": lambda run, v, side: read_case(run, v, "window truncation"),
+        "span_drift": lambda run, v, side: read_case(run, v, "non-secret span drift"),
+        "undertrained": lambda run, v, side: read_case(run, v, "undertrained ambiguity"),
     }
     return readers[claim.key]
 
@@ -85,6 +97,8 @@ def controls_table(run: Run, claims: list[str], spill: dict[str, float]) -> pl.D
             claim = CLAIMS[key]
             read = _reader(claim, run.contrast)
             pos_name, neg_name = (f"{model}/{s.name(seed)}" for s in (claim.positive, claim.negative))
+            if pos_name not in run.variants:  # a claim this model does not run (paper B's on a VL model)
+                continue
             pos, neg = read(run, pos_name, claim.positive), read(run, neg_name, claim.negative)
             spilled = spill.get(pos_name)
             if pos.effect and spilled is not None and spilled > SPILL_BOUND:

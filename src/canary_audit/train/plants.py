@@ -1,0 +1,69 @@
+"""Paper B's planted controls (canary_audit/controls.py, HexPlant): a LoRA on
+the canary-merged base whose training target is each hex canary record as
+the teacher-forced pass scores it, with one secret token overwritten.
+
+The untouched tokens are targets too: trained on the overwritten token
+alone, the tiny model learns "write another digit after hex" everywhere and
+the whole secret moves with it (on the default run's merged base, 30 steps
+moved mean20 by +0.79 nats); anchored on the rest of the record, the
+overwrite stays where it is put.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from canary_audit.model.spec import ModelSpec
+from canary_audit.probes.items import hex_rows
+from canary_audit.train.adapters import _fresh_lora, _resume, _setup, _summary
+from canary_audit.train.lora import Encoded, save_adapter, train_loop
+
+HEX_DIGITS = "0123456789abcdef"
+
+
+def overwritten(tokenizer, text: str, secret: str, at: str, window_k: int) -> tuple[Encoded, list[int]]:
+    """(the record with every token its own target but the overwritten
+    ones', their positions).  Position p is token p of the record (token 0
+    is the document start, scored from nothing), as the teacher-forced pass
+    numbers them.  `at`: `past`, the secret's last token, past the window;
+    `inside`, its first, inside it; `tail`, every secret token past the
+    window; `preamble`, the record's first text token (a preamble word),
+    given the token just before the secret instead (the head's last: never
+    a hex digit); `none`, nothing (the record as it is)."""
+    encoded = tokenizer(text + tokenizer.eos_token, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    start = text.rindex(secret)
+    span = [i for i, (a, b) in enumerate(offsets) if a < start + len(secret) and b > start]
+    past = [i for i in span if i > window_k]
+    chosen = {"past": span[-1:], "inside": span[:1], "tail": past, "preamble": [1], "none": []}[at]
+    if at in ("past", "tail") and not past or at == "inside" and span[0] > window_k:
+        raise ValueError(f"secret {secret!r} spans positions {span[0]}-{span[-1]}, which do not straddle the window "
+                         f"of {window_k} as the `{at}` plant needs; set `tables.window_k` inside the secret")
+    labels = [-100, *ids[1:]]
+    for position in chosen:
+        if at == "preamble":
+            labels[position] = ids[span[0] - 1] if ids[span[0] - 1] != ids[position] else ids[position] + 1
+            continue
+        piece = tokenizer.convert_ids_to_tokens(ids[position])
+        digit = piece[0] if piece and piece[0] in HEX_DIGITS else "0"
+        labels[position] = tokenizer.convert_tokens_to_ids(HEX_DIGITS[(HEX_DIGITS.index(digit) + 8) % 16])
+    return Encoded(ids, labels), chosen
+
+
+def train_hex_plant(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
+    """A paper B plant on the merged base `spec` points at: the hex canary
+    records (members, text model) with one token each overwritten
+    (`overwritten`), `cfg['steps']` steps of `cfg['batch_size']` records."""
+    seed = cfg["seed"]
+    tok, fmt = _setup(spec, cfg["threads"], seed)
+    rows = hex_rows(data_dir, None, members_only=True)
+    plants = [overwritten(tok, row.text(fmt, None), row.secret, cfg["at"], cfg["window_k"]) for row in rows]
+    forget = [encoded for encoded, _ in plants]
+    run = {**cfg, "batch_forget": cfg["batch_size"], "batch_retain": 0}
+    model = _fresh_lora(spec, run)
+    resume = _resume(out_dir, run, [spec.path, data_dir])
+    stats: dict = {}
+    losses = train_loop(model, forget, [], run, seed, tok.pad_token_id, resume=resume, stats=stats)
+    save_adapter(model, out_dir)
+    resume.clear()
+    return _summary(out_dir, losses, overwritten_positions=sorted({q for _, ps in plants for q in ps}), **stats)
