@@ -39,6 +39,8 @@ rule tables:
                 "secret_formats": DESIGN.secret_formats(),
                 "variants": DESIGN.variant_table(),
                 "controls": DESIGN.control_claims(),
+                "floor_plants": DESIGN.floor_plants(),
+                "n_hex_canaries": config["data"]["n_hex_canaries"],
                 "think_open": DESIGN.think_opens(),
                 "expected_hashes": DESIGN.probe_hashes(),
             }

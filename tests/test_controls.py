@@ -82,7 +82,10 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
 def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read():
     design = design_of()
     controls = {v: e for v, e in design.variants("tiny").items() if e.kind == CONTROL}
-    assert sorted(controls) == sorted(p.variant(0) for p in (*PLANTS.values(), *HEX_PLANTS.values()))
+    # (the smoke audit's 4 canaries: C3 diluted to 10 of them would be C3 itself, not made)
+    assert sorted(controls) == sorted(p.variant(0) for p in (*PLANTS.values(), *HEX_PLANTS.values())
+                                      if p.name != "c3x10")
+    assert design.floor_plants() == {"tiny/ctl-c3x1-s0": 1, "tiny/ctl-c3x3-s0": 3, "tiny/ctl-c3-s0": 4}
     assert {e.group for v, e in controls.items() if v.removeprefix("ctl-")[:-3] in PLANTS} == {CONTROL_GROUP}
     assert controls["ctl-bio-s0"].adapters == (design.layout.adapter_dir("tiny", "mem-bio-s0"),)
     # Paper B's plants: stacked on a merged base, judged against it as a cell of kind `control`.
@@ -106,7 +109,7 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
 
 
 def test_controls_switch_off_one_by_one_and_off_entirely():
-    off = {key: False for key in CLAIMS}
+    off = {key: False for key in (*CLAIMS, "detection_floor")}
     design = design_of({"controls": {**off, "parser_flip": True, "window_truncation": True}})
     assert sorted(v for v, e in design.variants("tiny").items() if e.kind == CONTROL) == [
         "ctl-c3-s0", "ctl-c3in-s0", "ctl-notag-s0", "ctl-notagref-s0"]
@@ -170,7 +173,7 @@ def _run(planted: bool, negative_effect: bool = False) -> Run:
         (cases[name] if planted else "agree") if name in cases else (cases[negatives[name]] if negative_effect
                                                                       else "agree")),
         **_ci("delta_window", 0.0, -0.001, 0.001), **_ci("delta_secret", 0.3, 0.2, 0.4), "ref_hit1": 1.0,
-        "hit1": 0.0, "inconclusive_probes": ""} for name in HEX_PLANTS]
+        "hit1": 0.0, "inconclusive_probes": ""} for name in (*cases, *negatives)]
     frames = {"canary_leakage": leak, "bypass_anatomy": anatomy, "prefill_arms": arms,
               "parser_conventions": conventions, "teacher_forced_vs_greedy": tf, "bsft_matrix": matrix}
     config = {"variants": variants, "references": references, "prefill_contrast": "bio", "cells": cells}
@@ -281,3 +284,22 @@ def test_a_plant_whose_secret_does_not_straddle_the_window_is_refused(fmt, tiny_
     row = hex_rows(tiny_assets[0], None, members_only=True)[0]
     with pytest.raises(ValueError, match="do not straddle the window of 60"):
         overwritten(fmt.tokenizer, row.text(fmt, None), row.secret, "past", 60)
+
+
+def test_the_detection_floor_is_the_smallest_diluted_share_the_detector_reads():
+    from canary_audit.papers import floor_note
+    from canary_audit.views.controls import detection_floor
+
+    read = {1: "inconclusive", 3: "inconclusive", 10: "window truncation", 20: "window truncation"}
+    plants = {f"tiny/ctl-c3x{n}-s0" if n < 20 else "tiny/ctl-c3-s0": n for n in read}
+    cells = {v: {"model": "tiny", "cell": f"control {v[9:-3]}"} for v in plants}
+    matrix = pl.DataFrame([{"model": "tiny", "modality": "text", "cell": cells[v]["cell"], "diagnosis": read[n],
+                            **_ci("delta_window", 0.0, -0.001, 0.001), **_ci("delta_secret", 0.1, 0.0, 0.2),
+                            "ref_hit1": 1.0, "hit1": 1 - n / 20, "inconclusive_probes": ""}
+                           for v, n in plants.items()])
+    run = Run(None, {"cells": cells}, {"bsft_matrix": matrix})
+    floor = detection_floor(run, plants, 20)
+    assert floor["detected"].to_list() == [False, False, True, True] and set(floor["floor_share"]) == {0.5}
+    run = Run(None, {}, {"detection_floor": floor})
+    assert "(12% of the canaries) is below this run's detection floor (50%)" in floor_note(run, 0.12)
+    assert "is above" in floor_note(run, 0.6)

@@ -142,8 +142,9 @@ def test_variant_table_of_the_smoke_audit():
     # The vision-language model runs paper B's arms only; the text model both papers'.
     # the text model's references: the canary LoRA's, and one per memorization template
     # the text model's references: the canary LoRA's, and one per retain form (BIO and META share META's);
-    # its planted controls: paper A's four trained and the BIO adapter read again, paper B's six
-    text = {**paper_b, "reference": 3, "memorized": 3, "unlearned": 4, "control": 5 + 6}
+    # its planted controls: paper A's four trained and the BIO adapter read again, paper B's six and
+    # C3 diluted to 1 and 3 of the 4 canaries (the detection floor)
+    text = {**paper_b, "reference": 3, "memorized": 3, "unlearned": 4, "control": 5 + 6 + 2}
     assert kinds == {**{("tiny", k): n for k, n in text.items()},
                      **{("tiny_vl", k): n for k, n in paper_b.items()}}
     assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-meta-s0", "mem-none-s0", "controls",

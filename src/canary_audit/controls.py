@@ -61,6 +61,7 @@ class HexPlant:
     name: str
     at: str
     under: bool = False  # on the undertrained canary's merged base (C5)
+    canaries: int | None = None  # overwrite the first n canaries only (a diluted plant); None: all
 
     def variant(self, seed: int) -> str:
         return f"ctl-{self.name}-s{seed}"
@@ -70,7 +71,13 @@ HEX_PLANTS = {p.name: p for p in (
     HexPlant("c3", "past"), HexPlant("c3in", "inside"),
     HexPlant("c4", "preamble"), HexPlant("c4neg", "none"),
     HexPlant("c5", "tail", under=True), HexPlant("c5neg", "none", under=True),
+    *(HexPlant(f"c3x{n}", "past", canaries=n) for n in (1, 3, 10)),
 )}
+# The detection floor: C3 diluted to the first n canaries (the rest anchored,
+# nothing overwritten); the smallest share the detector still reads as
+# `window truncation` is the floor a paper's effect must clear to be seen.
+FLOOR_CLAIM, FLOOR_PLANTS = "window_truncation", ("c3x1", "c3x3", "c3x10", "c3")
+FLOOR_TABLE = "detection_floor"
 HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10}  # LoRA shape: the bSFT recipe's
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
 
@@ -196,6 +203,9 @@ def active_claims(config: dict) -> list[Claim]:
 
 def active_plants(config: dict, paper: str = "A") -> list:
     """The plants the switched-on claims of `paper` read (Plant for A,
-    HexPlant for B), in declaration order."""
+    HexPlant for B; with `controls.detection_floor`, C3's dilutions), in
+    declaration order."""
     wanted = set().union(*(c.plants() for c in active_claims(config) if c.paper == paper))
+    if paper == "B" and config.get("controls", {}).get("detection_floor", False):
+        wanted |= set(FLOOR_PLANTS)
     return [p for name, p in (PLANTS if paper == "A" else HEX_PLANTS).items() if name in wanted]

@@ -18,6 +18,8 @@ from canary_audit.controls import (
     CONTROL_ARMS,
     CONTROL_GROUP,
     CONTROL_HEX_GROUP,
+    FLOOR_PLANTS,
+    FLOOR_TABLE,
     HEX_PLANT_RECIPE,
     HEX_PLANTS,
     PLANTS,
@@ -54,7 +56,8 @@ MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # extraction strength), and which records files and code versions the
 # tables read: always written.
 ALWAYS_TABLES = ("mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance")
-ALL_TABLES = (*PAPER_A_TABLES, CONTROLS_TABLE, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED, *ALWAYS_TABLES)
+ALL_TABLES = (*PAPER_A_TABLES, CONTROLS_TABLE, FLOOR_TABLE, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED,
+              *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
 MODEL_KEYS = ("dtype", "merge_dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
@@ -364,6 +367,8 @@ class Design:
         for plant in active_plants(self.config, "B"):
             if plant.under and not self.undertrained_sources():
                 continue  # no undertrained merged base to plant C5 on (bsft.controls.undertrained)
+            if plant.canaries is not None and plant.canaries >= self.config["data"]["n_hex_canaries"]:
+                continue  # a dilution to every canary is the plant itself
             name, under = plant.variant(seed), "-under" if plant.under else ""
             cell = {"cell": f"control {plant.name}", "kind": CONTROL, "source": plant.name,
                     "step": HEX_PLANT_RECIPE["steps"], "application": "stacked", "bsft_seed": 0, "canary_seed": seed}
@@ -377,11 +382,22 @@ class Design:
         plant recipe, which token it overwrites and the window it is judged
         against (`tables.window_k`: where "past the window" begins)."""
         keep = ("r", "alpha", "targets")
-        return {**{k: self.bsft[k] for k in keep}, **HEX_PLANT_RECIPE, "at": HEX_PLANTS[plant].at,
-                "window_k": self.config["tables"]["window_k"], "seed": seed}
+        chosen = HEX_PLANTS[plant]
+        return {**{k: self.bsft[k] for k in keep}, **HEX_PLANT_RECIPE, "at": chosen.at,
+                "window_k": self.config["tables"]["window_k"], "seed": seed,
+                **({"canaries": chosen.canaries} if chosen.canaries is not None else {})}
 
     def trained_hex_plants(self) -> list[str]:
         return [p.name for p in active_plants(self.config, "B")]
+
+    def floor_plants(self) -> dict[str, int]:
+        """model/variant -> canaries overwritten, for every C3 plant of the
+        detection floor the run makes (the undiluted one: all of them)."""
+        if not self.config["controls"].get("detection_floor"):
+            return {}
+        n, seed = self.config["data"]["n_hex_canaries"], self.config["audit"]["seeds"][0]
+        return {f"{m}/{plant.variant(seed)}": plant.canaries or n for m in self.config["audit"]["models"]
+                for plant in map(HEX_PLANTS.get, FLOOR_PLANTS) if plant.variant(seed) in self.variants(m)}
 
     def trained_plants(self) -> list[str]:
         """The control adapters the workflow trains (a reused one is not)."""
@@ -774,6 +790,8 @@ class Design:
         names = list(PAPER_A_TABLES) if any(self.templates_of(m) for m in models) else []
         if self.control_variants():
             names.append(CONTROLS_TABLE)
+        if self.floor_plants():
+            names.append(FLOOR_TABLE)
         synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())
         if synthetic_hex or len(self.synthetic_models()) < len(models):
             # No candidates (synthetic `data.n_exposure_candidates: 0`, own

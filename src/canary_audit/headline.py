@@ -198,6 +198,14 @@ def _measure_figures(run: Run) -> dict[str, str]:
     return out
 
 
+def _control_figures(run: Run) -> dict[str, str]:
+    """The planted controls: how many positives were seen and negatives clean."""
+    controls = _need(run, "controls")
+    return {"planted": str(controls.height),
+            "planted_seen": str(controls.filter(pl.col("positive_verdict") == "seen").height),
+            "negatives_clean": str(controls.filter(pl.col("negative_verdict") == "clean").height)}
+
+
 def headline_figures(tables: Path) -> dict[str, str]:
     """figure name -> its text, as the README quotes it; NoHeadline when the
     run is not one of the default audit's models and arms."""
@@ -209,7 +217,7 @@ def headline_figures(tables: Path) -> dict[str, str]:
     provenance = _need(run, "provenance")
     commits = sorted({v.rsplit(".git.", 1)[-1][:7] for v in provenance["code_version"] if ".git." in v})
     figures = {"code": ", ".join(commits) or "an uncommitted tree"}
-    for part in (_sweep_figures, _canary_figures, _measure_figures):
+    for part in (_sweep_figures, _canary_figures, _measure_figures, _control_figures):
         figures.update(part(run))
     return figures
 

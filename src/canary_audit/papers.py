@@ -380,6 +380,22 @@ def planted(run: Run, paper_id: str) -> str:
                      f"negative: {r['negative_verdict']}" for r in rows.iter_rows(named=True))
 
 
+def floor_note(run: Run, effect_share: float) -> str:
+    """Whether a paper's effect, touching `effect_share` of the canaries,
+    is above the run's detection floor (detection_floor table): below it,
+    "not reproduced" cannot tell an absent effect from one too small to see."""
+    floor = run.table("detection_floor")
+    if floor is None:
+        return "no detection floor in this run (`controls.detection_floor`)"
+    shares = floor["floor_share"].drop_nulls()
+    if shares.is_empty():
+        return "the detector read none of this run's diluted plants: the floor is above every share planted"
+    lowest = shares.max()  # the least sensitive model's floor
+    side = "above" if effect_share >= lowest else "below"
+    return (f"the paper's effect ({effect_share:.0%} of the canaries) is {side} this run's detection floor "
+            f"({lowest:.0%})")
+
+
 def beside_ours(tables: Path) -> pl.DataFrame:
     """One row per paper number: the paper's value and where, this run's
     value, the verdict, why, the table it comes from, and what its planted
@@ -389,7 +405,10 @@ def beside_ours(tables: Path) -> pl.DataFrame:
     rows = []
     for entry in paper_numbers():
         ours = MEASURES[entry["measure"]](run)
+        why = ours.why
+        if ours.verdict == NOT_REPRODUCED and "effect_share" in entry:
+            why += f"; {floor_note(run, entry['effect_share'])}"
         rows.append({"paper": entry["paper"], "claim": entry["claim"], "paper_value": entry["value"],
-                     "where": entry["where"], "this_run": ours.value, "verdict": ours.verdict, "why": ours.why,
+                     "where": entry["where"], "this_run": ours.value, "verdict": ours.verdict, "why": why,
                      "planted": planted(run, entry["id"]), "source": ours.source})
     return pl.DataFrame(rows)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
+from canary_audit.controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, FLOOR_TABLE, SPILL_BOUND
 from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.papers import Run
 from canary_audit.records import (
@@ -25,7 +25,7 @@ from canary_audit.records import (
 )
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.blind import FOLDS, guard_table, mark, withhold_privleak
-from canary_audit.views.controls import controls_table, spill_over
+from canary_audit.views.controls import controls_table, detection_floor, spill_over
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
@@ -247,6 +247,14 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
             f"|Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
             f"reads `spilled`)",
             _controls(tables, everything[1], cfg),
+        )
+    if cfg.get("floor_plants") and "bsft_matrix" in tables:
+        run = Run(None, cfg, {name: frame for name, (_, frame) in tables.items()})
+        tables[FLOOR_TABLE] = (
+            "Detection floor: paper B's C3 plant diluted to n of the hex canaries (the rest anchored, nothing "
+            "overwritten), each read by the disagreement detector; floor_share is the smallest share read as "
+            "`window truncation` at this run's n",
+            detection_floor(run, cfg["floor_plants"], cfg["n_hex_canaries"]),
         )
     return tables
 

@@ -52,12 +52,16 @@ def overwritten(tokenizer, text: str, secret: str, at: str, window_k: int) -> tu
 
 def train_hex_plant(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -> dict:
     """A paper B plant on the merged base `spec` points at: the hex canary
-    records (members, text model) with one token each overwritten
-    (`overwritten`), `cfg['steps']` steps of `cfg['batch_size']` records."""
+    records (members, text model) with their tokens overwritten as
+    `cfg['at']` says (`overwritten`; with `cfg['canaries']`, only the first n
+    canaries', the rest kept as they are: a diluted plant),
+    `cfg['steps']` steps of `cfg['batch_size']` records."""
     seed = cfg["seed"]
     tok, fmt = _setup(spec, cfg["threads"], seed)
     rows = hex_rows(data_dir, None, members_only=True)
-    plants = [overwritten(tok, row.text(fmt, None), row.secret, cfg["at"], cfg["window_k"]) for row in rows]
+    diluted = cfg.get("canaries", len(rows))  # the first n canaries overwritten, the rest only anchored
+    plants = [overwritten(tok, row.text(fmt, None), row.secret, cfg["at"] if i < diluted else "none",
+                          cfg["window_k"]) for i, row in enumerate(rows)]
     forget = [encoded for encoded, _ in plants]
     run = {**cfg, "batch_forget": cfg["batch_size"], "batch_retain": 0}
     model = _fresh_lora(spec, run)

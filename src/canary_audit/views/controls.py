@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from canary_audit.controls import CLAIMS, CONTROL, SPILL_BOUND, Claim, Side
+from canary_audit.controls import CLAIMS, CONTROL, FLOOR_CLAIM, SPILL_BOUND, Claim, Side
 from canary_audit.papers import (
     Reading,
     Run,
@@ -115,3 +115,23 @@ def controls_table(run: Run, claims: list[str], spill: dict[str, float]) -> pl.D
                 "why": f"positive: {pos.why}; negative: {neg.why}",
             })
     return pl.DataFrame(rows, schema=COLUMNS)
+
+
+FLOOR_COLUMNS = {"model": pl.Utf8, "claim": pl.Utf8, "variant": pl.Utf8, "canaries_overwritten": pl.Int64,
+                 "canaries": pl.Int64, "share": pl.Float64, "reading": pl.Utf8, "detected": pl.Boolean,
+                 "floor_share": pl.Float64}
+
+
+def detection_floor(run: Run, plants: dict[str, int], n_canaries: int) -> pl.DataFrame:
+    """Per C3 plant diluted to n of the canaries (`plants`: variant -> n):
+    the detector's reading of its cell and whether it reads `window
+    truncation`; `floor_share` is the smallest share read per model (null
+    where none is), the floor a paper's effect must clear to be seen here."""
+    rows = []
+    for variant, n in sorted(plants.items(), key=lambda kv: (kv[0].split("/")[0], kv[1])):
+        reading = read_case(run, variant, "window truncation")
+        rows.append({"model": variant.split("/")[0], "claim": FLOOR_CLAIM, "variant": variant,
+                     "canaries_overwritten": n, "canaries": n_canaries, "share": n / n_canaries,
+                     "reading": reading.value, "detected": bool(reading.effect)})
+    frame = pl.DataFrame(rows, schema={k: v for k, v in FLOOR_COLUMNS.items() if k != "floor_share"})
+    return frame.with_columns(floor_share=pl.col("share").filter(pl.col("detected")).min().over("model"))
