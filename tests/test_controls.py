@@ -79,8 +79,11 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
     assert close not in encoded.ids and trained == encoded.ids[-len(trained):]
 
 
+PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "undertrained": True, "detection_floor": True}}
+
+
 def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read():
-    design = design_of()
+    design = design_of(PAPER_B)
     controls = {v: e for v, e in design.variants("tiny").items() if e.kind == CONTROL}
     # (the smoke audit's 4 canaries: C3 diluted to 10 of them would be C3 itself, not made)
     assert sorted(controls) == sorted(p.variant(0) for p in (*PLANTS.values(), *HEX_PLANTS.values())
@@ -105,7 +108,9 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
     assert set(design.probe_slice("decode", group=CONTROL_GROUP)["prefills"]) == {contrast, *CONTROL_ARMS}
     assert not set(design.probe_slice("decode", group="mem-bio-s0")["prefills"]) & set(CONTROL_ARMS)
     assert set(design.probe_hashes()["decode"]) >= set(CONTROL_ARMS)  # the tables expect their units
-    assert design.control_claims() == list(CLAIMS) and "controls" in design.table_names()
+    assert design.control_claims() == list(CLAIMS) and {"controls", "detection_floor"} <= set(design.table_names())
+    smoke = design_of()  # the smoke config leaves paper B's plants out (they train 300 steps at any scale)
+    assert not any(e.group == CONTROL_HEX_GROUP for e in smoke.variants("tiny").values())
 
 
 def test_controls_switch_off_one_by_one_and_off_entirely():
@@ -114,7 +119,7 @@ def test_controls_switch_off_one_by_one_and_off_entirely():
     assert sorted(v for v, e in design.variants("tiny").items() if e.kind == CONTROL) == [
         "ctl-c3-s0", "ctl-c3in-s0", "ctl-notag-s0", "ctl-notagref-s0"]
     assert design.trained_hex_plants() == ["c3", "c3in"]
-    no_under = design_of({"bsft": {"controls": {"undertrained": {"sources": []}}}})
+    no_under = design_of(PAPER_B, {"bsft": {"controls": {"undertrained": {"sources": []}}}})
     assert "ctl-c5-s0" not in no_under.variants("tiny") and "ctl-c3-s0" in no_under.variants("tiny")
     design = design_of({"controls": off})
     assert not design.control_variants() and "controls" not in design.table_names()
