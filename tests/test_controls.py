@@ -79,7 +79,9 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
     assert close not in encoded.ids and trained == encoded.ids[-len(trained):]
 
 
-PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "undertrained": True, "detection_floor": True}}
+# Every control: paper B's plants (the smoke config leaves them out) and the META adapter bypass_gap's negative reads.
+PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "undertrained": True, "detection_floor": True},
+           "audit": {"templates": ["bio", "meta", "none"]}}
 
 
 def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read():
@@ -108,7 +110,7 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
     assert set(design.probe_slice("decode", group=CONTROL_GROUP)["prefills"]) == {contrast, *CONTROL_ARMS}
     assert not set(design.probe_slice("decode", group="mem-bio-s0")["prefills"]) & set(CONTROL_ARMS)
     assert set(design.probe_hashes()["decode"]) >= set(CONTROL_ARMS)  # the tables expect their units
-    assert design.control_claims() == list(CLAIMS) and {"controls", "detection_floor"} <= set(design.table_names())
+    assert design.control_claims() == ALL and {"controls", "detection_floor"} <= set(design.table_names())
     smoke = design_of()  # the smoke config leaves paper B's plants out (they train 300 steps at any scale)
     assert not any(e.group == CONTROL_HEX_GROUP for e in smoke.variants("tiny").values())
 
@@ -126,14 +128,23 @@ def test_controls_switch_off_one_by_one_and_off_entirely():
     assert not set(design.probe_hashes()["decode"]) & set(CONTROL_ARMS)
 
 
-@pytest.mark.parametrize("override,message", [
-    ({"audit": {"templates": ["bio", "none"]}}, "`controls.bypass_gap` is on, but its control reads the memorized "
-     "meta template"),
-    ({"probes": {"prefills": {"own_trace": "{bio}"}}}, "`probes.prefills.own_trace`: `own_trace` names a planted"),
-])
-def test_a_control_that_cannot_be_read_is_refused_naming_the_key(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        design_of(override)
+def test_a_prefill_arm_named_like_a_controls_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="`probes.prefills.own_trace`: `own_trace` names a planted"):
+        design_of({"probes": {"prefills": {"own_trace": "{bio}"}}})
+
+
+def test_a_control_whose_template_is_not_memorized_is_listed_as_not_run_with_why():
+    design = design_of()  # the smoke config: BIO and NONE
+    claims = design.control_claims()
+    assert claims["bypass_gap"] == ("not run: its control reads the memorized meta adapter, which `audit.templates` "
+                                    "does not train")
+    assert claims["head_echo"] == "" and "ctl-head-s0" in design.variants("tiny")  # HEAD still serves head_echo
+    table = controls_table(_run(planted=True), claims, {})
+    row = table.filter(pl.col("claim") == "bypass_gap").row(0, named=True)
+    assert (row["positive_verdict"], row["negative_verdict"]) == ("not run", "not run") and "meta" in row["why"]
+
+
+ALL = dict.fromkeys(CLAIMS, "")  # every claim, each run
 
 
 def _ci(name, value, lo, hi):
@@ -186,15 +197,15 @@ def _run(planted: bool, negative_effect: bool = False) -> Run:
 
 
 def test_every_plant_is_seen_and_every_negative_clean():
-    table = controls_table(_run(planted=True), list(CLAIMS), {})
+    table = controls_table(_run(planted=True), ALL, {})
     assert table["claim"].to_list() == list(CLAIMS)
     assert set(table["positive_verdict"]) == {SEEN} and set(table["negative_verdict"]) == {CLEAN}
 
 
 def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm():
-    removed = controls_table(_run(planted=False), list(CLAIMS), {})
+    removed = controls_table(_run(planted=False), ALL, {})
     assert set(removed["positive_verdict"]) == {MISSED}
-    alarmed = controls_table(_run(planted=True, negative_effect=True), list(CLAIMS), {})
+    alarmed = controls_table(_run(planted=True, negative_effect=True), ALL, {})
     by_claim = dict(zip(alarmed["claim"], alarmed["negative_verdict"]))
     assert by_claim["bypass_gap"] == by_claim["head_echo"] == by_claim["delta_ab"] == FALSE_ALARM
     assert by_claim["window_truncation"] == by_claim["span_drift"] == by_claim["undertrained"] == FALSE_ALARM
@@ -202,7 +213,7 @@ def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_ala
 
 def test_a_plant_that_moved_its_trace_reads_spilled():
     spill = {"tiny/ctl-head-s0": SPILL_BOUND * 2}
-    table = controls_table(_run(planted=True), ["bypass_gap"], spill)
+    table = controls_table(_run(planted=True), {"bypass_gap": ""}, spill)
     assert table["positive_verdict"].to_list() == [SPILLED] and table["spill_over"][0] == SPILL_BOUND * 2
 
 
@@ -222,7 +233,7 @@ def test_spill_over_is_the_trace_tokens_move_against_the_twin_between_the_tags()
 def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
     from canary_audit.papers import planted
 
-    table = controls_table(_run(planted=True), list(CLAIMS), {})
+    table = controls_table(_run(planted=True), ALL, {})
     run = Run(None, {}, {"controls": table})
     assert planted(run, "a_bypass_gap") == "planted: seen; negative: clean"
     assert planted(run, "b_c4_merged") == "no control in this run"

@@ -140,15 +140,13 @@ def test_variant_table_of_the_smoke_audit():
     paper_b = {"base": 1, "canary": 1, "reference": 1, "merged_base": 2, "canary_undertrained": 1, "bsft": 8,
                "noise": 1, "undertrained": 1}
     # The vision-language model runs paper B's arms only; the text model both papers'.
-    # the text model's references: the canary LoRA's, and one per memorization template
     # the text model's references: the canary LoRA's, and one per retain form (BIO and META share META's);
     # its planted controls: paper A's four trained and the BIO adapter read again (the smoke config
     # leaves paper B's out: tests/test_controls.py)
-    text = {**paper_b, "reference": 3, "memorized": 3, "unlearned": 4, "control": 5}
+    text = {**paper_b, "reference": 3, "memorized": 2, "unlearned": 4, "control": 5}
     assert kinds == {**{("tiny", k): n for k, n in text.items()},
                      **{("tiny_vl", k): n for k, n in paper_b.items()}}
-    assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-meta-s0", "mem-none-s0", "controls",
-                                                  "bsft-s0-b0"}
+    assert design.probe_groups("tiny").keys() == {"base", "mem-bio-s0", "mem-none-s0", "controls", "bsft-s0-b0"}
     assert design.probe_groups("tiny_vl").keys() == {"base", "bsft-s0-b0"}
     assert design.probe_sets_of("tiny", "bsft-s0-b0") == "hex" and design.probe_sets_of("tiny", "base") == "all"
     assert design.probe_sets_of("tiny_vl", "base") == "hex"
@@ -269,7 +267,7 @@ def test_lookups_name_what_is_known_and_files_follow_the_layout():
         f"{R}/models/tiny/adapters/bsft/canary-s0/gui-b0/t2", f"{R}/models/tiny/merged/canary-s0"]
     assert design.made_weights("tiny", ["base"]) == []
     coarse, fine = design.records_files("token", False), design.records_files("token", True)
-    groups = ("base", "mem-bio-s0", "mem-meta-s0", "mem-none-s0", "controls", "bsft-s0-b0")
+    groups = ("base", "mem-bio-s0", "mem-none-s0", "controls", "bsft-s0-b0")
     assert coarse == [f"{R}/records/tiny/{g}/token.parquet" for g in groups] + [
         f"{R}/records/tiny_vl/{g}/token.parquet" for g in ("base", "bsft-s0-b0")]
     assert f"{R}/records/tiny/units/npo-bio-s0-k3/bio/token.parquet" in fine

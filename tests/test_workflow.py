@@ -56,7 +56,7 @@ SMOKE_TABLES = (
     "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
     "bypass_anatomy", "utility", "hex_recall", "nll", "teacher_forced", "teacher_forced_vs_greedy",
     "bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies", "bsft_merged_vs_stacked",
-    "mia", "blind_baseline", "exposure", "extraction", "provenance",
+    "mia", "blind_baseline", "exposure", "extraction", "provenance", "controls",
 )
 
 
@@ -70,8 +70,15 @@ def test_smoke_run_writes_tables_from_records(smoke_run):
     base_group = {"tiny/base", "tiny/canary-s0", "tiny/reference-s0", "tiny/canary-s0-under"}
     # each memorization group also scores the never-trained reference of its retain form
     references = {"tiny/reference-meta-s0", "tiny/reference-none-s0"}
-    assert branch | base_group | references | {"tiny/mem-none-s0"} == set(leakage["variant"])
-    assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty"} == set(leakage["arm"])
+    # the planted controls are rows of the per-variant tables (the bypass-gap control is not run: no META adapter)
+    controls = {f"tiny/ctl-{p}-s0" for p in ("head", "near", "notag", "notagref", "bio")}
+    assert branch | base_group | references | controls | {"tiny/mem-none-s0"} == set(leakage["variant"])
+    assert {"auto", "prefill_bio", "prefill_meta", "prefill_empty", "prefill_own_trace", "prefill_other_trace"} == set(
+        leakage["arm"])
+    assert set(leakage.filter(pl.col("variant").str.contains("/ctl-"))["arm"]) == {
+        "auto", "prefill_bio", "prefill_own_trace", "prefill_other_trace"}  # the arms the controls read, no other
+    not_run = pl.read_csv(tables / "controls.csv").filter(pl.col("claim") == "bypass_gap")
+    assert not_run["positive_verdict"].to_list() == ["not run"] and "meta" in not_run["why"][0]
     assert (leakage["out_acc_lo"] <= leakage["out_acc"]).all() and (leakage["out_acc"] <= leakage["out_acc_hi"]).all()
     sweep = pl.read_csv(tables / "k_sweep.csv")
     assert sorted(sweep.filter(pl.col("method") == "ga")["k"].to_list()) == [0, 3, 5]
@@ -235,9 +242,9 @@ def test_view_setting_reruns_tables_only(smoke_run, override):
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
     assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
-    # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0; and the
-    # vision-language model's base and bSFT seed 0
-    assert jobs["decode_pass"] == 4 + 2
+    # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0, the planted
+    # controls; and the vision-language model's base and bSFT seed 0
+    assert jobs["decode_pass"] == 5 + 2
 
 
 @pytest.mark.parametrize("key", ["n_hex_nonmembers", "n_exposure_candidates"])
@@ -253,10 +260,10 @@ def test_more_reference_records_rerun_only_the_passes_that_score_them(smoke_run,
 
 def test_more_nonmember_authors_rerun_only_the_passes_that_score_author_canaries(smoke_run):
     """Non-member authors are scored by the teacher-forced passes of the
-    groups that run the author probes (the text model's base and its two
-    memorization groups), and by nothing that trains."""
+    groups that run the author probes (the text model's base, its two
+    memorization groups and the planted controls), and by nothing that trains."""
     jobs = planned_jobs(smoke_run, {"data": {"n_author_nonmembers": 12}})
-    assert jobs == {"author_nonmembers": 1, "teacher_forced_pass": 3, "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"author_nonmembers": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "all": 1}
 
 
 def test_repetition_strata_retrain_the_canary_lora_and_nothing_before_it(smoke_run):
@@ -324,9 +331,10 @@ def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
 
 # The fine job grain on a paper-A-only slice of the smoke audit: one template,
 # NPO with K = 3, 5; variants base, mem-bio-s0, npo-bio-s0-k3, npo-bio-s0-k5,
-# each probed per unit (AUTO and the bio, meta and empty prefill arms).
+# each probed per unit (AUTO and the bio, meta and empty prefill arms); no planted control.
 FINE = {"grain": "fine", "audit": {"models": ["tiny"], "templates": ["bio"], "hex_canaries": False},
-        "unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}}}
+        "unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}},
+        "controls": dict.fromkeys(("bypass_gap", "head_echo", "delta_ab", "parser_flip", "teacher_forced"), False)}
 FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5", "reference-meta-s0")
 
 

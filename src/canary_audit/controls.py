@@ -195,10 +195,26 @@ CLAIMS = {c.key: c for c in (
 )}
 
 
-def active_claims(config: dict) -> list[Claim]:
+def switched_on(config: dict) -> list[Claim]:
     """The claims whose control the config switches on (`controls.<key>`)."""
     block = config.get("controls", {})
     return [claim for key, claim in CLAIMS.items() if block.get(key, False)]
+
+
+def skipped(config: dict) -> dict[str, str]:
+    """Switched-on claims the audit cannot run, and why: their negative or
+    twin reads a memorized template `audit.templates` does not train.  The
+    controls table lists each with its reason (no plant is trained for it)."""
+    audited = set(config["audit"]["templates"])
+    return {c.key: (f"not run: its control reads the memorized {' and '.join(sorted(c.templates() - audited))} "
+                    f"adapter, which `audit.templates` does not train")
+            for c in switched_on(config) if c.paper == "A" and audited and not c.templates() <= audited}
+
+
+def active_claims(config: dict) -> list[Claim]:
+    """The switched-on claims the audit runs (`skipped` says why not the others)."""
+    missing = skipped(config)
+    return [claim for claim in switched_on(config) if claim.key not in missing]
 
 
 def active_plants(config: dict, paper: str = "A") -> list:

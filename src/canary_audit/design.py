@@ -23,8 +23,9 @@ from canary_audit.controls import (
     HEX_PLANT_RECIPE,
     HEX_PLANTS,
     PLANTS,
-    active_claims,
     active_plants,
+    skipped,
+    switched_on,
 )
 from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.data.secrets import SecretsRefused, candidate_count, declared_format, load_own_secrets, setting
@@ -416,9 +417,12 @@ class Design:
         return {m: self.config["models"][m]["think_open"] for m in self.config["audit"]["models"]
                 if self.templates_of(m)}
 
-    def control_claims(self) -> list[str]:
-        """The switched-on claims whose controls run (the controls table's rows)."""
-        return [c.key for c in active_claims(self.config)] if self.control_variants() else []
+    def control_claims(self) -> dict[str, str]:
+        """The controls table's rows: each switched-on claim, with why it is
+        not run ("" where it runs), where any control runs."""
+        if not self.control_variants():
+            return {}
+        return {c.key: skipped(self.config).get(c.key, "") for c in switched_on(self.config)}
 
     def control_variants(self) -> list[str]:
         """model/variant of every planted control."""
@@ -951,22 +955,11 @@ class Design:
             )
 
     def _check_controls(self) -> None:
-        """A switched-on control reads audited templates (a negative, the BIO
-        twin): refuse one whose templates are not memorized, where paper A's
-        arms run at all; refuse a prefill arm named like a control's."""
+        """Refuse a prefill arm named like a planted control's.  (A switched-on
+        control whose templates are not memorized is not refused: the
+        controls table lists it as not run, with why; controls.skipped.)"""
         cfg = self.config
         clash = sorted(set(cfg["probes"]["prefills"]) & set(CONTROL_ARMS))
         if clash:
             raise ConfigError(f"config key `probes.prefills.{clash[0]}`: `{clash[0]}` names a planted control's "
                               f"prefill arm (controls.CONTROL_ARMS); rename the arm")
-        if not cfg["audit"]["templates"] or all(self.own_secrets(m) for m in cfg["audit"]["models"]):
-            return
-        for claim in active_claims(cfg):
-            missing = sorted(claim.templates() - set(cfg["audit"]["templates"]))
-            if missing:
-                raise ConfigError(
-                    f"config key `controls.{claim.key}` is on, but its control reads the memorized "
-                    f"{' and '.join(missing)} template{'s' if len(missing) > 1 else ''}, not in `audit.templates` "
-                    f"({', '.join(cfg['audit']['templates'])}); add {' and '.join(missing)} there or set "
-                    f"`controls.{claim.key}: false`"
-                )

@@ -278,7 +278,7 @@ def _prefill_arms(decode: pl.DataFrame, controls: list[str], convention: ParserC
 
 def _controls(tables: dict[str, tuple[str, pl.DataFrame]], tokens: pl.DataFrame, cfg: dict) -> pl.DataFrame:
     """The controls table, read from the tables built so far."""
-    variants, claims = cfg.get("variants", {}), cfg.get("controls", [])
+    variants, claims = cfg.get("variants", {}), cfg.get("controls", {})
     run = Run(None, cfg, {name: frame for name, (_, frame) in tables.items()})
     twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in variants.items()
              if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants

@@ -27,7 +27,7 @@ from canary_audit.papers import (
     read_tf_vs_greedy,
 )
 
-SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM = "seen", "missed", "spilled", "clean", "false alarm"
+SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM, NOT_RUN = "seen", "missed", "spilled", "clean", "false alarm", "not run"
 COLUMNS = {"model": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8, "expected": pl.Utf8,
            "positive": pl.Utf8, "positive_reading": pl.Utf8, "spill_over": pl.Float64, "positive_verdict": pl.Utf8,
            "negative": pl.Utf8, "negative_reading": pl.Utf8, "negative_verdict": pl.Utf8, "why": pl.Utf8}
@@ -87,14 +87,26 @@ def spill_over(tokens: pl.DataFrame, pairs: dict[str, str], arm: str, think_open
     return dict(spill.rows())
 
 
-def controls_table(run: Run, claims: list[str], spill: dict[str, float]) -> pl.DataFrame:
+def _label(variant: str, side: Side) -> str:
+    """A side as the table names it: its variant, and its arm where it reads one."""
+    return f"{variant}, {side.arm}" if side.arm else variant
+
+
+def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) -> pl.DataFrame:
     """One row per (model, switched-on claim): the positive's and the
-    negative's readings and verdicts, and the positive's spill-over."""
+    negative's readings and verdicts, and the positive's spill-over; a claim
+    the audit cannot run (`claims`: key -> why not, "" where it runs) reads
+    `not run`, with why."""
     rows = []
     seeds = {(v["model"], v["seed"]) for v in run.variants.values() if v.get("kind") == CONTROL}
     for model, seed in sorted(seeds):
-        for key in claims:
+        for key, why_not in claims.items():
             claim = CLAIMS[key]
+            if why_not:
+                rows.append({"model": model, "claim": key, "paper_id": claim.paper_id,
+                             "construction": claim.construction, "expected": claim.expected,
+                             "positive_verdict": NOT_RUN, "negative_verdict": NOT_RUN, "why": why_not})
+                continue
             read = _reader(claim, run.contrast)
             pos_name, neg_name = (f"{model}/{s.name(seed)}" for s in (claim.positive, claim.negative))
             if pos_name not in run.variants:  # a claim this model does not run (paper B's on a VL model)
@@ -105,12 +117,11 @@ def controls_table(run: Run, claims: list[str], spill: dict[str, float]) -> pl.D
                 pos_verdict = SPILLED
             else:
                 pos_verdict = SEEN if pos.effect else MISSED
-            arm = f" ({claim.positive.arm} / {claim.negative.arm})" if claim.positive.arm else ""
             rows.append({
                 "model": model, "claim": key, "paper_id": claim.paper_id, "construction": claim.construction,
-                "expected": claim.expected, "positive": pos_name + (f", {claim.positive.arm}" if arm else ""),
+                "expected": claim.expected, "positive": _label(pos_name, claim.positive),
                 "positive_reading": pos.value, "spill_over": spilled, "positive_verdict": pos_verdict,
-                "negative": neg_name + (f", {claim.negative.arm}" if arm else ""), "negative_reading": neg.value,
+                "negative": _label(neg_name, claim.negative), "negative_reading": neg.value,
                 "negative_verdict": FALSE_ALARM if neg.effect else CLEAN,
                 "why": f"positive: {pos.why}; negative: {neg.why}",
             })
