@@ -100,8 +100,8 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
     rows = []
     seeds = {(v["model"], v["seed"]) for v in run.variants.values() if v.get("kind") == CONTROL}
     for model, seed in sorted(seeds):
-        for key, why_not in claims.items():
-            claim = CLAIMS[key]
+        for key in (k for k in CLAIMS if k in claims):  # declaration order, whatever order the config gives
+            claim, why_not = CLAIMS[key], claims[key]
             if why_not:
                 rows.append({"model": model, "claim": key, "paper_id": claim.paper_id,
                              "construction": claim.construction, "expected": claim.expected,
