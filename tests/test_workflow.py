@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import ROOT, assert_token_records_close, run_snakemake
 
+from canary_audit.controls import CLAIMS
 from canary_audit.jobs import MODEL_JOBS
 from canary_audit.probes.units import HEX_ARMS
 from canary_audit.views.paper_b import DIAGNOSES, INCONCLUSIVE
@@ -334,7 +335,7 @@ def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
 # each probed per unit (AUTO and the bio, meta and empty prefill arms); no planted control.
 FINE = {"grain": "fine", "audit": {"models": ["tiny"], "templates": ["bio"], "hex_canaries": False},
         "unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}},
-        "controls": dict.fromkeys(("bypass_gap", "head_echo", "delta_ab", "parser_flip", "teacher_forced"), False)}
+        "controls": {key: False for key, claim in CLAIMS.items() if claim.paper == "A"}}
 FINE_VARIANTS = ("base", "mem-bio-s0", "npo-bio-s0-k3", "npo-bio-s0-k5", "reference-meta-s0")
 
 

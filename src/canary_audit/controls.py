@@ -14,8 +14,8 @@ it (kind `control`, probe group `controls`), the workflow trains them, and
 views/controls.py reads them.  Nothing here imports torch or polars.
 
 Controls are never pooled into the audit's measures: they sit in a probe
-group of their own, and every view that pools variants names the kinds it
-reads (AUDIT_KINDS).
+group of their own, and every view that pools or picks among variants
+leaves out the kind `control` (papers.Run.audited, tables.build_tables).
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ from canary_audit.formats import HEAD, NEAR, NOTAG
 
 CONTROL, CONTROL_GROUP = "control", "controls"
 TABLE = "controls"  # the table of their readings (views/controls.py)
-# The kinds of variant the audit's own measures may pool (never `control`).
-AUDIT_KINDS = ("base", "memorized", "unlearned", "reference", "canary", "merged_base", "canary_undertrained",
-               "bsft", "noise", "undertrained")
 # Prefill arms run only on the controls group: the BIO adapter's own training
 # trace (Delta_AB's negative: the same text AUTO writes) and another author's
 # (its positive: a trace that carries another canary).

@@ -408,8 +408,10 @@ class Design:
         """What a control adapter's training reads: the memorization recipe,
         its control template and, for a retain-only plant, that flag."""
         p = PLANTS[plant]
+        if p.retain_only:  # no author example: the head length is not read
+            return {**self.config["memorize"], "template": p.template, "seed": seed, "retain_only": True}
         return {**self.config["memorize"], "template": p.template, "seed": seed,
-                "head_tokens": self.config["data"]["head_tokens"], **({"retain_only": True} if p.retain_only else {})}
+                "head_tokens": self.config["data"]["head_tokens"]}
 
     def think_opens(self) -> dict[str, str]:
         """model -> its opening think tag, for the models that run paper A's

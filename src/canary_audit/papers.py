@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from canary_audit.controls import AUDIT_KINDS
+from canary_audit.controls import CONTROL
 
 NUMBERS = Path(__file__).with_name("paper_numbers.yaml")
 SAME, NOT_REPRODUCED, NOT_MEASURABLE = "same direction", "not reproduced", "not measurable at this scale"
@@ -81,10 +81,11 @@ class Run:
         return pl.read_csv(path) if path.is_file() and path.stat().st_size else None
 
     def audited(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """The rows of the audit's own variants (never a planted control):
-        what a measure that pools or picks among variants may read."""
-        audit = [name for name, v in self.variants.items() if v.get("kind") in AUDIT_KINDS]
-        return frame.filter(pl.col("variant").is_in(audit))
+        """The rows of the audit's own variants, imports included (never a
+        planted control): what a measure that pools or picks among variants
+        may read."""
+        planted = [name for name, v in self.variants.items() if v.get("kind") == CONTROL]
+        return frame.filter(~pl.col("variant").is_in(planted))
 
     def headline(self) -> tuple[str, str] | None:
         """(unlearned variant, its memorized parent): paper A's headline

@@ -74,6 +74,21 @@ def _resume(out_dir: Path, cfg: dict, inputs: list[Path]) -> ResumeState:
     return ResumeState.beside(out_dir, key)
 
 
+def fit_and_save(spec: ModelSpec, cfg: dict, forget: list[Encoded], retain: list[Encoded], pad_id: int,
+                 out_dir: Path, data_dir: Path) -> tuple[list[float], dict]:
+    """A fresh LoRA trained by `train_loop` on `forget` and `retain`, saved to
+    `out_dir`, resumable from its state until then: (losses, throughput
+    stats).  The shared body of the memorization LoRA, the never-trained
+    references and the planted controls (train/plants.py)."""
+    model = _fresh_lora(spec, cfg)
+    resume = _resume(out_dir, cfg, [spec.path, data_dir])
+    stats: dict = {}
+    losses = train_loop(model, forget, retain, cfg, cfg["seed"], pad_id, resume=resume, stats=stats)
+    save_adapter(model, out_dir)
+    resume.clear()
+    return losses, stats
+
+
 def _summary(out_dir: Path, losses: list[float], **extra) -> dict:
     """The adapter's train_summary.json: steps, final loss, what else the
     trainer reports, and the code version that trained it."""
@@ -89,12 +104,7 @@ def train_memorization(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path
     tok, fmt = _setup(spec, cfg["threads"], seed)
     forget = [encode_chat(fmt, ex) for ex in forget_examples(fmt, data_dir, cfg["template"], cfg["head_tokens"])]
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, cfg["template"])]
-    model = _fresh_lora(spec, cfg)
-    resume = _resume(out_dir, cfg, [spec.path, data_dir])
-    stats: dict = {}
-    losses = train_loop(model, forget, retain, cfg, seed, tok.pad_token_id, resume=resume, stats=stats)
-    save_adapter(model, out_dir)
-    resume.clear()
+    losses, stats = fit_and_save(spec, cfg, forget, retain, tok.pad_token_id, out_dir, data_dir)
     return _summary(out_dir, losses, forget_sequences=len(forget), **stats)
 
 
@@ -172,12 +182,7 @@ def train_reference(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -
     template = cfg.get("template")
     retain = [encode_chat(fmt, ex) for ex in retain_examples(data_dir, template or "none")]
     cfg = {**cfg, "batch_forget": cfg["batch_retain"], "batch_retain": 0}  # train_loop draws from `forget`
-    model = _fresh_lora(spec, cfg)
-    resume = _resume(out_dir, cfg, [spec.path, data_dir])
-    stats: dict = {}
-    losses = train_loop(model, retain, [], cfg, seed, tok.pad_token_id, resume=resume, stats=stats)
-    save_adapter(model, out_dir)
-    resume.clear()
+    losses, stats = fit_and_save(spec, cfg, retain, [], tok.pad_token_id, out_dir, data_dir)
     of = f"memorization LoRA ({template})" if template else "canary LoRA"
     return _summary(out_dir, losses, reference_of=of, sequences=len(retain), **stats)
 

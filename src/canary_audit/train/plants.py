@@ -15,8 +15,8 @@ from pathlib import Path
 
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import hex_rows
-from canary_audit.train.adapters import _fresh_lora, _resume, _setup, _summary
-from canary_audit.train.lora import Encoded, save_adapter, train_loop
+from canary_audit.train.adapters import _setup, _summary, fit_and_save
+from canary_audit.train.lora import Encoded
 
 HEX_DIGITS = "0123456789abcdef"
 
@@ -56,18 +56,12 @@ def train_hex_plant(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -
     `cfg['at']` says (`overwritten`; with `cfg['canaries']`, only the first n
     canaries', the rest kept as they are: a diluted plant),
     `cfg['steps']` steps of `cfg['batch_size']` records."""
-    seed = cfg["seed"]
-    tok, fmt = _setup(spec, cfg["threads"], seed)
+    tok, fmt = _setup(spec, cfg["threads"], cfg["seed"])
     rows = hex_rows(data_dir, None, members_only=True)
     diluted = cfg.get("canaries", len(rows))  # the first n canaries overwritten, the rest only anchored
     plants = [overwritten(tok, row.text(fmt, None), row.secret, cfg["at"] if i < diluted else "none",
                           cfg["window_k"]) for i, row in enumerate(rows)]
     forget = [encoded for encoded, _ in plants]
     run = {**cfg, "batch_forget": cfg["batch_size"], "batch_retain": 0}
-    model = _fresh_lora(spec, run)
-    resume = _resume(out_dir, run, [spec.path, data_dir])
-    stats: dict = {}
-    losses = train_loop(model, forget, [], run, seed, tok.pad_token_id, resume=resume, stats=stats)
-    save_adapter(model, out_dir)
-    resume.clear()
+    losses, stats = fit_and_save(spec, run, forget, [], tok.pad_token_id, out_dir, data_dir)
     return _summary(out_dir, losses, overwritten_positions=sorted({q for _, ps in plants for q in ps}), **stats)
