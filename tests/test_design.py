@@ -497,3 +497,30 @@ def test_the_rules_conda_environment_holds_the_requirements_and_the_package():
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert "-r requirements.txt" in pip and "--no-deps -e .." in pip
     assert (ROOT / "envs" / ".." / "pyproject.toml").is_file()
+
+
+def test_the_package_declares_every_distribution_its_code_imports():
+    """pyproject.toml's dependencies name every third-party module that
+    src/ imports (a non-editable `pip install .` must bring them), and
+    envs/requirements.txt pins each."""
+    import ast
+    import re
+    import sys
+    import tomllib
+
+    distribution = {"PIL": "pillow", "yaml": "pyyaml"}  # module -> distribution where the names differ
+    imported = set()
+    for path in (ROOT / "src" / "canary_audit").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {distribution.get(m, m) for m in imported
+                   if m not in sys.stdlib_module_names and m not in ("canary_audit", "__future__")}
+    declared = {re.split(r"[<>=!~ \[]", d)[0].lower()
+                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    assert third_party <= declared, f"imported, not in pyproject.toml: {sorted(third_party - declared)}"
+    pinned = {re.split(r"[<>=!~ \[]", line)[0].lower() for line in (ROOT / "envs" / "requirements.txt").read_text()
+              .splitlines() if line.strip() and not line.startswith("#")}
+    assert declared <= pinned, f"in pyproject.toml, not in envs/requirements.txt: {sorted(declared - pinned)}"

@@ -5,7 +5,7 @@ import pytest
 
 from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
 from canary_audit.views import paper_a
-from canary_audit.views.bootstrap import cluster_weights, rates_with_ci
+from canary_audit.views.bootstrap import cluster_weights, crossed_weights, rates_with_ci
 from canary_audit.views.parser import ParserConvention
 
 CANARY = "The Amber Bell of Porto was written in 1931."
@@ -58,6 +58,26 @@ def test_clustered_ci_is_wide_when_clusters_disagree():
     by_item = rates_with_ci(items.with_columns(group_id=pl.int_range(20).cast(pl.Utf8)), ["variant"], ["hit"], 400, 0,
                             table="t")
     assert by_item["hit_hi"][0] - by_item["hit_lo"][0] < 0.6
+
+
+def test_two_level_bootstrap_carries_training_variance():
+    # Three training seeds read the same 20 authors; seed 2 reverses the
+    # effect.  Pooled, the point is the same with or without the seed level,
+    # but resampling seeds widens the interval; one seed is the plain
+    # cluster bootstrap to the bit.
+    rows = [{"variant": "v", "seed": s, "group_id": f"a{i}", "hit": (i % 10 < (8 if s < 2 else 1))}
+            for s in range(3) for i in range(20)]
+    items = pl.DataFrame(rows)
+    flat = rates_with_ci(items, ["variant"], ["hit"], 400, 0, table="t").row(0, named=True)
+    nested = rates_with_ci(items, ["variant"], ["hit"], 400, 0, table="t", nest="seed").row(0, named=True)
+    assert nested["hit"] == pytest.approx(flat["hit"]) == pytest.approx(17 / 30)
+    assert nested["hit_hi"] - nested["hit_lo"] > 2 * (flat["hit_hi"] - flat["hit_lo"])
+    one = items.filter(pl.col("seed") == 0)
+    assert rates_with_ci(one, ["variant"], ["hit"], 400, 0, table="t", nest="seed").equals(
+        rates_with_ci(one, ["variant"], ["hit"], 400, 0, table="t"))
+    w = crossed_weights(pl.DataFrame({"nest": [0, 0, 1, 1], "group_id": ["x", "y", "x", "y"]}), 50, 1)
+    assert w.group_by("replicate").agg(pl.col("weight").sum())["weight"].unique().to_list() == [4]  # 2 x 2
+    assert w.group_by("replicate", "group_id").agg(pl.col("weight").n_unique())["weight"].max() == 1  # crossed
 
 
 def test_paired_difference_of_identical_channels_has_zero_width():
@@ -193,3 +213,20 @@ def test_teacher_forced_beside_greedy_on_the_same_items():
     assert row["tf_top1_rate"] == 0.5      # a0 all top-1, a1 none
     assert row["tf_all_top1_rate"] == 0.5
     assert row["tf_mean_logprob"] == pytest.approx(-1.0)
+
+
+def test_across_seeds_pools_each_family_over_its_seeds():
+    """Seed 0 leaks every canary through the trace only (gap 1), seed 1 none
+    (gap 0): pooled, the gap is 0.5 and its seed x author CI reaches both
+    seeds' values; a family trained under one seed has no row."""
+    from canary_audit.views.seeds import across_seeds, families
+
+    variants = {f"m/npo-bio-s{s}-k10": {"kind": "unlearned", "seed": s} for s in (0, 1)}
+    variants["m/mem-bio-s0"] = {"kind": "memorized", "seed": 0}
+    assert families(variants) == {"m/npo-bio-s0-k10": "m/npo-bio-k10", "m/npo-bio-s1-k10": "m/npo-bio-k10"}
+    rows = [(f"m/npo-bio-s{s}-k10", "canary", arm, f"a{i}", BYPASS_ECHO if s == 0 and arm == "auto" else NEITHER)
+            for s in (0, 1) for arm in ("auto", "prefill_bio") for i in range(10)]
+    pooled = across_seeds(decode(rows), pl.DataFrame(), variants, FIRST, BOOT, "bio", 20).row(0, named=True)
+    assert (pooled["family"], pooled["seeds"], pooled["n"]) == ("m/npo-bio-k10", 2, 20)
+    assert pooled["gap"] == pytest.approx(0.5) and pooled["gap_lo"] == 0.0 and pooled["gap_hi"] == 1.0
+    assert pooled["delta_ab"] == 0.0

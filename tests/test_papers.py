@@ -10,7 +10,15 @@ import json
 import polars as pl
 import pytest
 
-from canary_audit.papers import NOT_MEASURABLE, NOT_REPRODUCED, SAME, beside_ours, paper_numbers
+from canary_audit.papers import (
+    NOT_MEASURABLE,
+    NOT_REPRODUCED,
+    ONE_SEED,
+    SAME,
+    SEED_DEPENDENT,
+    beside_ours,
+    paper_numbers,
+)
 
 HEAD = "m/npo-bio-s0-k20"
 VARIANTS = {HEAD: {"model": "m", "kind": "unlearned", "method": "npo", "template": "bio", "run": "npo", "seed": 0,
@@ -63,7 +71,7 @@ def test_each_measure_reads_its_table_into_a_verdict(tmp_path):
     got = verdicts(write(tmp_path / "t"))
     assert got["a_out_acc"][0] == SAME  # 1.0 -> 0.5 [0.4, 0.6]
     assert got["a_bypass_gap"][0] == SAME and "above 0" in got["a_bypass_gap"][1]
-    assert got["a_delta_ab"] == (NOT_REPRODUCED, "Delta_AB's CI covers 0")
+    assert got["a_delta_ab"] == (NOT_REPRODUCED, f"Delta_AB's CI covers 0; {ONE_SEED}")
     assert got["a_parser_flip"][0] == NOT_MEASURABLE and "0%" in got["a_parser_flip"][1]
     assert got["a_head_echo"][0] == SAME  # 3 of 4
     assert got["a_tf_vs_greedy"][0] == SAME  # 0.9 > 0.6
@@ -76,14 +84,14 @@ def test_each_measure_reads_its_table_into_a_verdict(tmp_path):
 def test_verdicts_follow_the_runs_numbers(tmp_path, case):
     if case == "opposite":
         assert verdicts(write(tmp_path / "t", gap=(-0.2, -0.3, -0.1)))["a_bypass_gap"] == (
-            NOT_REPRODUCED, "the gap's CI below 0: the opposite direction")
+            NOT_REPRODUCED, f"the gap's CI below 0: the opposite direction; {ONE_SEED}")
     elif case == "flip":
         assert verdicts(write(tmp_path / "t", missing=0.8))["a_parser_flip"][0] == SAME
     elif case == "no bypass":
         assert verdicts(write(tmp_path / "t", bypass=(0, 0)))["a_head_echo"][0] == NOT_MEASURABLE
     else:
         got = verdicts(write(tmp_path / "t", diagnoses=("agree", "non-secret span drift")))
-        assert got["b_c4"] == (SAME, "1 of 2 cells read `non-secret span drift`")
+        assert got["b_c4"] == (SAME, f"1 of 2 cells read `non-secret span drift`; {ONE_SEED}")
 
 
 def test_a_measure_that_picks_or_pools_variants_never_reads_a_planted_control(tmp_path):
@@ -103,3 +111,44 @@ def test_a_measure_that_picks_or_pools_variants_never_reads_a_planted_control(tm
     got = verdicts(tables)
     assert got["a_parser_flip"][0] == NOT_MEASURABLE and "m/npo-bio-s0-k20" in got["a_parser_flip"][1]
     assert got["a_head_echo"][0] == NOT_MEASURABLE
+
+
+def seeded(tables, gaps, pooled_gap, runs=None):
+    """The headline's family trained under three seeds: each seed's gap in
+    the per-variant tables, the pooled gap in across_seeds, and (`runs`:
+    bSFT seed -> diagnosis) paper B's seed-level runs."""
+    write(tables)
+    config = json.loads((tables / "view_config.json").read_text())
+    for seed in (1, 2):
+        config["variants"][f"m/npo-bio-s{seed}-k20"] = {**VARIANTS[HEAD], "seed": seed, "parent": f"m/mem-bio-s{seed}"}
+    (tables / "view_config.json").write_text(json.dumps(config))
+    rows = [{"variant": f"m/npo-bio-s{s}-k20", "arm": "auto", **ci("out_acc", 0.5, 0.4, 0.6),
+             **ci("thk_leak", 0.5 + g, 0.4 + g, 0.6 + g), **ci("gap", g, g - 0.1, g + 0.1)} for s, g in enumerate(gaps)]
+    pl.DataFrame(rows).write_csv(tables / "canary_leakage.csv")
+    pl.DataFrame([{"family": "m/npo-bio-k20", "seeds": 3, **ci("out_acc", 0.5, 0.4, 0.6), **ci("gap", *pooled_gap)}]
+                 ).write_csv(tables / "across_seeds.csv")
+    if runs:
+        pl.DataFrame([{"variant": f"m/bsft-b{b}", "model": "m", "modality": "text", "cell": "c0", "kind": "bsft",
+                       "bsft_seed": b, "diagnosis": d} for b, d in runs.items()]).write_csv(tables / "bsft_runs.csv")
+    return beside_ours(tables)
+
+
+def test_a_verdict_across_seeds_pools_them_and_shows_each(tmp_path):
+    page = seeded(tmp_path / "t", [0.2, 0.25, 0.15], (0.2, 0.05, 0.35), runs={0: "agree", 1: "agree", 2: "agree"})
+    gap = page.filter(pl.col("claim").str.starts_with("parser-split bypass gap")).row(0, named=True)
+    assert gap["verdict"] == SAME and gap["seeds"] == 3 and "pooled over 3 seeds" in gap["why"]
+    assert gap["this_run"].startswith("+0.20 [0.05, 0.35] over 3 seeds")
+    assert [part.split(":")[0] for part in gap["per_seed"].split("; ")] == ["s0", "s1", "s2"]
+    assert ONE_SEED not in gap["why"]
+    c3 = page.filter(pl.col("paper") == "B").row(0, named=True)
+    assert c3["seeds"] == 3 and c3["verdict"] == NOT_REPRODUCED  # no seed reads it: agreed
+
+
+def test_seeds_that_disagree_in_direction_read_seed_dependent(tmp_path):
+    # The pooled CI alone would say "same direction"; seed 2 reverses the gap.
+    page = seeded(tmp_path / "t", [0.3, 0.3, -0.2], (0.13, 0.01, 0.3),
+                  runs={0: "window truncation", 1: "agree", 2: "agree"})
+    gap = page.filter(pl.col("claim").str.starts_with("parser-split bypass gap")).row(0, named=True)
+    assert gap["verdict"] == SEED_DEPENDENT and "s2 against the paper" in gap["why"]
+    truncation = page.filter(pl.col("claim").str.contains("(?i)window")).row(0, named=True)
+    assert truncation["verdict"] == SEED_DEPENDENT and "b0: 1 of 1 runs" in truncation["per_seed"]

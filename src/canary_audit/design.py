@@ -38,6 +38,7 @@ from canary_audit.probes.units import AUTO, HEX_ONLY
 from canary_audit.probes.units import HEX as HEX_UNIT
 from canary_audit.records import PROBE_SETS, canonical_json
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
+from canary_audit.views.seeds import TABLE as SEED_TABLE
 
 BSFT_SOURCES = ("gui", "synth", "safety", "random")
 APPLICATIONS = ("stacked", "merged")
@@ -57,7 +58,7 @@ MERGED_VS_STACKED = "bsft_merged_vs_stacked"
 # extraction strength), and which records files and code versions the
 # tables read: always written.
 ALWAYS_TABLES = ("mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance")
-ALL_TABLES = (*PAPER_A_TABLES, CONTROLS_TABLE, FLOOR_TABLE, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED,
+ALL_TABLES = (*PAPER_A_TABLES, SEED_TABLE, CONTROLS_TABLE, FLOOR_TABLE, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED,
               *ALWAYS_TABLES)
 
 # The model-entry keys a job reads besides the weights' path.
@@ -794,6 +795,8 @@ class Design:
         vision-language model runs paper B's only)."""
         models = self.config["audit"]["models"]
         names = list(PAPER_A_TABLES) if any(self.templates_of(m) for m in models) else []
+        if names and len(self.config["audit"]["seeds"]) > 1:
+            names.append(SEED_TABLE)
         if self.control_variants():
             names.append(CONTROLS_TABLE)
         if self.floor_plants():

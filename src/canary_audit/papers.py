@@ -8,7 +8,14 @@ names, and a verdict:
 - `not reproduced`: the run measured it and does not show it (why: the
   estimate and its CI);
 - `not measurable at this scale`: the run holds no case the measure needs
-  (why: what is missing, e.g. no bypass case, no missing closing tag).
+  (why: what is missing, e.g. no bypass case, no missing closing tag);
+- `seed-dependent`: the run trained the arms the measure reads under several
+  seeds (`audit.seeds`, `bsft.seeds`) and the seeds disagree in direction.
+
+Where several seeds were trained, the verdict is the pooled reading (a CI
+that resamples seeds as well as authors or canaries: `views/seeds.py`,
+`paper_b.cell_probes`) and each seed's own reading stands beside it; with
+one seed the page says the verdict is not shown to hold across seeds.
 
 Every number on the page is either the data file's or a table's cell, named
 in the `source` column.
@@ -25,9 +32,13 @@ import polars as pl
 import yaml
 
 from canary_audit.controls import CONTROL
+from canary_audit.views.seeds import TABLE as SEED_TABLE
+from canary_audit.views.seeds import family_of
 
 NUMBERS = Path(__file__).with_name("paper_numbers.yaml")
 SAME, NOT_REPRODUCED, NOT_MEASURABLE = "same direction", "not reproduced", "not measurable at this scale"
+SEED_DEPENDENT = "seed-dependent"
+ONE_SEED = "one training seed: not shown to hold across seeds"
 DEFAULT_SPLIT = "last"  # the parser splits at the last closing tag unless the view config says otherwise
 
 
@@ -37,6 +48,8 @@ class Ours:
     verdict: str
     why: str
     source: str
+    seeds: int = 1
+    per_seed: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class Reading:
     source: str
 
     def verdict(self) -> Ours:
+        """The verdict of this one reading (one seed: the page says so)."""
         verdict = NOT_MEASURABLE if self.effect is None else SAME if self.effect else NOT_REPRODUCED
         return Ours(self.value, verdict, self.why, self.source)
 
@@ -86,6 +100,24 @@ class Run:
         may read."""
         planted = [name for name, v in self.variants.items() if v.get("kind") == CONTROL]
         return frame.filter(~pl.col("variant").is_in(planted))
+
+    def seeds_of(self, name: str) -> list[str]:
+        """`name` and the variants that differ from it only in their
+        training seed, in seed order (`name` alone when one seed ran)."""
+        v = self.variants.get(name, {})
+        if v.get("seed") is None:
+            return [name]
+        family = family_of(name, v["seed"])
+        same = [(w["seed"], n) for n, w in self.variants.items()
+                if w.get("kind") == v.get("kind") and w.get("seed") is not None and family_of(n, w["seed"]) == family]
+        return [n for _, n in sorted(same)] or [name]
+
+    def pooled(self, name: str) -> dict | None:
+        """The across_seeds row of `name`'s family, or None."""
+        v = self.variants.get(name, {})
+        if v.get("seed") is None:
+            return None
+        return _row(self.table(SEED_TABLE), family=family_of(name, v["seed"]))
 
     def headline(self) -> tuple[str, str] | None:
         """(unlearned variant, its memorized parent): paper A's headline
@@ -131,19 +163,45 @@ def _no_headline() -> Ours:
     return Ours("", NOT_MEASURABLE, "no NPO unlearning run of the BIO template in this run", "view_config.json")
 
 
-def unlearned_out_acc(run: Run) -> Ours:
-    head, sweep = run.headline(), run.table("k_sweep")
-    if head is None or sweep is None:
-        return _no_headline()
-    name, _ = head
-    k = run.variants[name]["k"]
-    rows = _sweep(run, sweep, name, [0, k])
+def read_unlearned(run: Run, variant: str) -> Reading:
+    """The AUTO out_acc of `variant`'s memorized adapter (K=0) and of
+    `variant` on its run's K sweep: read where the latter's CI lies below
+    the former."""
+    sweep = run.table("k_sweep")
+    if sweep is None:
+        return _missing("K sweep", "k_sweep")
+    k = run.variants[variant]["k"]
+    rows = _sweep(run, sweep, variant, [0, k])
+    if rows.height < 2:
+        return _missing(f"K=0 and K={k} rows of {variant}", "k_sweep")
     before, after = rows.row(0, named=True), rows.row(-1, named=True)
-    verdict = SAME if after["out_acc_hi"] < before["out_acc"] else NOT_REPRODUCED
-    why = ("K=%d's CI below the memorized adapter's out_acc" if verdict == SAME else
+    effect = after["out_acc_hi"] < before["out_acc"]
+    why = ("K=%d's CI below the memorized adapter's out_acc" if effect else
            "K=%d's CI reaches the memorized adapter's out_acc") % k
-    return Ours(f"{ci_text(before, 'out_acc')} -> {ci_text(after, 'out_acc')}", verdict, why,
-                f"k_sweep: bio, {after['run']}, seed {after['seed']}, K=0 and K={k}")
+    return Reading(f"{ci_text(before, 'out_acc')} -> {ci_text(after, 'out_acc')}", effect, why,
+                   f"k_sweep: bio, {after['run']}, seed {after['seed']}, K=0 and K={k}")
+
+
+def unlearned_out_acc(run: Run) -> Ours:
+    head = run.headline()
+    if head is None or run.table("k_sweep") is None:
+        return _no_headline()
+    name, parent = head
+
+    def point(n: str) -> float | None:
+        rows = _sweep(run, run.table("k_sweep"), n, [0, run.variants[n]["k"]])
+        return rows["out_acc"][0] - rows["out_acc"][-1] if rows.height == 2 else None
+
+    def pooled(row: dict) -> Reading:
+        before = run.pooled(parent)
+        if before is None:
+            return Reading("", None, f"no pooled row for {parent}", SEED_TABLE)
+        effect = row["out_acc_hi"] < before["out_acc"]
+        return Reading(f"{ci_text(before, 'out_acc')} -> {ci_text(row, 'out_acc')} over {row['seeds']} seeds",
+                       effect, "the pooled K CI " + ("below" if effect else "reaches") +
+                       " the pooled memorized out_acc", f"{SEED_TABLE}: {before['family']}, {row['family']}")
+
+    return _seeds(run, name, lambda n: read_unlearned(run, n), point, pooled)
 
 
 def _row(frame: pl.DataFrame | None, **where) -> dict | None:
@@ -263,14 +321,81 @@ def read_case(run: Run, variant: str, diagnosis: str) -> Reading:
                    f"bsft_matrix: {cell['model']} text {cell['cell']}")
 
 
+def across(readings: dict[str, Reading], pooled: Reading | None, directions: dict[str, float | None]) -> Ours:
+    """One verdict from per-seed readings (label -> reading): one seed is
+    that seed's verdict; several read `seed-dependent` where their point
+    estimates (`directions`: > 0 on the paper's side, < 0 on the other,
+    None unreadable) fall on both sides, and otherwise the `pooled` reading's
+    verdict (the seeds' common reading where nothing is pooled), with each
+    seed's value beside it."""
+    if len(readings) == 1:
+        return next(iter(readings.values())).verdict()
+    per_seed = "; ".join(f"{label}: {r.value}" for label, r in readings.items())
+    signs = {d > 0 for d in directions.values() if d is not None and d != 0}
+    base = pooled or next(iter(readings.values()))
+    if len(signs) > 1:
+        sides = ", ".join(f"{label} {'with' if d > 0 else 'against'} the paper"
+                          for label, d in directions.items() if d)
+        return Ours(base.value, SEED_DEPENDENT, f"the seeds disagree in direction ({sides})", base.source,
+                    len(readings), per_seed)
+    if pooled is None and len({r.effect for r in readings.values()} - {None}) > 1:
+        return Ours(base.value, SEED_DEPENDENT, "the seeds' readings differ", base.source, len(readings), per_seed)
+    ours = base.verdict()
+    return Ours(ours.value, ours.verdict, f"{ours.why} (pooled over {len(readings)} seeds)", ours.source,
+                len(readings), per_seed)
+
+
+def _seeds(run: Run, name: str, read: Callable[[str], Reading], point: Callable[[str], float | None],
+           pooled: Callable[[dict], Reading] | None) -> Ours:
+    """`read` on `name` and each seed of its family, pooled by `pooled`
+    from the across_seeds row where the run has one."""
+    names = run.seeds_of(name)
+    labels = {n: f"s{run.variants[n]['seed']}" if n in run.variants else n for n in names}
+    row = run.pooled(name) if len(names) > 1 else None
+    return across({labels[n]: read(n) for n in names}, pooled(row) if row and pooled else None,
+                  {labels[n]: point(n) for n in names})
+
+
+def _point(run: Run, table: str, column: str, minus: str | None = None, **where) -> Callable[[str], float | None]:
+    """A variant's point estimate of `column` (less `minus`) in `table`."""
+    def point(name: str) -> float | None:
+        row = _row(run.table(table), variant=name, **where)
+        if row is None or row.get(column) is None:
+            return None
+        return row[column] - (row[minus] if minus else 0.0)
+    return point
+
+
+def _effect(read: Callable[[str], Reading]) -> Callable[[str], float | None]:
+    """A reading's direction where it has no number of its own: +1 read,
+    -1 read absent, None unreadable."""
+    return lambda name: {True: 1.0, False: -1.0, None: None}[read(name).effect]
+
+
+def _pooled_signed(column: str, label: str, family: str) -> Callable[[dict], Reading]:
+    def read(row: dict) -> Reading:
+        if row.get(column) is None:
+            return Reading("", None, f"no pooled {column} for {family}", SEED_TABLE)
+        verdict, why = _signed(row, column, label)
+        return Reading(f"{ci_text(row, column)} over {row['seeds']} seeds", verdict == SAME, why,
+                       f"{SEED_TABLE}: {row['family']}")
+    return read
+
+
 def bypass_gap(run: Run) -> Ours:
     head = run.headline()
-    return read_gap(run, head[0]).verdict() if head else _no_headline()
+    if head is None:
+        return _no_headline()
+    return _seeds(run, head[0], lambda n: read_gap(run, n), _point(run, "canary_leakage", "gap", arm="auto"),
+                  _pooled_signed("gap", "the pooled gap's", head[0]))
 
 
 def delta_ab(run: Run) -> Ours:
     head = run.headline()
-    return read_delta(run, head[0]).verdict() if head else _no_headline()
+    if head is None:
+        return _no_headline()
+    return _seeds(run, head[0], lambda n: read_delta(run, n), _point(run, "prefill_arms", "delta_ab"),
+                  _pooled_signed("delta_ab", "the pooled Delta_AB's", head[0]))
 
 
 def parser_flip(run: Run) -> Ours:
@@ -283,7 +408,8 @@ def parser_flip(run: Run) -> Ours:
     if audited.is_empty():
         return Ours("", NOT_MEASURABLE, "no audited variant in parser_conventions", "parser_conventions")
     worst = audited.sort("missing_close", "variant", descending=[True, False]).row(0, named=True)
-    return read_parser_flip(run, worst["variant"]).verdict()
+    read = lambda n: read_parser_flip(run, n)  # noqa: E731
+    return _seeds(run, worst["variant"], read, _effect(read), None)
 
 
 def head_echo_share(run: Run) -> Ours:
@@ -292,9 +418,9 @@ def head_echo_share(run: Run) -> Ours:
     head, anatomy = run.headline(), run.table("bypass_anatomy")
     if head is None or anatomy is None:
         return _no_headline()
-    reading = read_head_echo(run, head[0])
-    if reading.effect is not None:
-        return reading.verdict()
+    read = lambda n: read_head_echo(run, n)  # noqa: E731
+    if any(read(n).effect is not None for n in run.seeds_of(head[0])):
+        return _seeds(run, head[0], read, _effect(read), None)
     pooled = run.audited(anatomy).filter(pl.col("bypass_cases") > 0)
     if pooled.is_empty():
         return Ours("0 bypass cases", NOT_MEASURABLE, "no audited variant of this run has a bypass case",
@@ -306,10 +432,35 @@ def head_echo_share(run: Run) -> Ours:
 
 def teacher_forced_vs_greedy(run: Run) -> Ours:
     head = run.headline()
-    return read_tf_vs_greedy(run, head[0], f"prefill_{run.contrast}").verdict() if head else _no_headline()
+    if head is None:
+        return _no_headline()
+    arm = f"prefill_{run.contrast}"
+
+    def point(n: str) -> float | None:
+        tf = _row(run.table("teacher_forced_vs_greedy"), variant=n, arm=arm)
+        auto = _row(run.table("canary_leakage"), variant=n, arm="auto")
+        return tf["tf_top1_rate"] - auto["out_acc"] if tf and auto else None
+
+    def pooled(row: dict) -> Reading:
+        if row.get("tf_top1_rate") is None:
+            return Reading("", None, f"no pooled teacher-forced rate for {row['family']}", SEED_TABLE)
+        reference = run.references.get(head[0], {}).get("reference")
+        ref = run.pooled(reference) if reference else None
+        above = row["tf_top1_rate_lo"] > row["out_acc_hi"] and (
+            ref is None or ref.get("tf_top1_rate") is None or row["tf_top1_rate_lo"] > ref["tf_top1_rate_hi"])
+        value = f"{ci_text(row, 'tf_top1_rate')} vs {ci_text(row, 'out_acc')} over {row['seeds']} seeds"
+        if ref is not None and ref.get("tf_top1_rate") is not None:
+            value += f" (reference {ci_text(ref, 'tf_top1_rate')})"
+        return Reading(value, above, "the pooled top-1 CI " + ("above" if above else "not above") +
+                       " greedy out_acc's and the reference's", f"{SEED_TABLE}: {row['family']}")
+
+    return _seeds(run, head[0], lambda n: read_tf_vs_greedy(run, n, arm), point, pooled)
 
 
 def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
+    """Whether some cell of `kinds` reads `diagnosis`, on the cells with
+    their bSFT seeds pooled (bsft_matrix) and, where several bSFT seeds ran,
+    on each seed's runs (bsft_runs)."""
     matrix = run.table("bsft_matrix")
     if matrix is None:
         return Ours("", NOT_MEASURABLE, "no bSFT cells in this run", "bsft_matrix")
@@ -317,11 +468,22 @@ def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
     found = cells.filter(pl.col("diagnosis") == diagnosis)
     if found.is_empty():
         seen = ", ".join(f"{d} x{n}" for d, n in cells.group_by("diagnosis").len().sort("diagnosis").rows())
-        return Ours("not observed", NOT_REPRODUCED, f"no cell of the grid reads `{diagnosis}` (cells of this kind: "
-                    f"{seen or 'none'})", "bsft_matrix: diagnosis")
-    row = found.row(0, named=True)
-    return Ours(_cell_text(row), SAME, f"{found.height} of {cells.height} cells read `{diagnosis}`",
-                f"bsft_matrix: {row['model']} {row['modality']} {row['cell']}")
+        pooled = Reading("not observed", False, f"no cell of the grid reads `{diagnosis}` (cells of this kind: "
+                         f"{seen or 'none'})", "bsft_matrix: diagnosis")
+    else:
+        row = found.row(0, named=True)
+        pooled = Reading(_cell_text(row), True, f"{found.height} of {cells.height} cells read `{diagnosis}`",
+                         f"bsft_matrix: {row['model']} {row['modality']} {row['cell']}")
+    runs = run.table("bsft_runs")
+    runs = runs.filter(pl.col("kind").is_in(list(kinds))) if runs is not None else None
+    if runs is None or runs["bsft_seed"].n_unique() < 2:
+        return pooled.verdict()
+    readings = {}
+    for (seed,), part in runs.group_by("bsft_seed", maintain_order=True):
+        hits = part.filter(pl.col("diagnosis") == diagnosis).height
+        readings[f"b{seed}"] = Reading(f"{hits} of {part.height} runs", hits > 0, "", "bsft_runs")
+    readings = dict(sorted(readings.items()))
+    return across(readings, pooled, {label: 1.0 if r.effect else -1.0 for label, r in readings.items()})
 
 
 def case_window_truncation(run: Run) -> Ours:
@@ -348,10 +510,13 @@ def case_span_drift_merged(run: Run) -> Ours:
     if row.get("merge_precision") == "float32":
         return Ours("", NOT_MEASURABLE, "a float32 merge keeps the whole update", "bsft_merged_vs_stacked")
     collapsed = abs(row["delta_window_merged"]) < abs(row["delta_window_stacked"])
+    runs = run.table("bsft_runs")
+    seeds = runs["bsft_seed"].n_unique() if runs is not None else 1
     return Ours(f"Delta mean-K stacked {row['delta_window_stacked']:+.4f}, merged {row['delta_window_merged']:+.4f} "
                 f"({row['merge_precision']} merge)", SAME if collapsed else NOT_REPRODUCED,
-                "the merged cell's drift is smaller" if collapsed else "the merged cell drifts as much",
-                f"bsft_merged_vs_stacked: {row['model']} {row['modality']} {row['source']} t{row['step']}")
+                ("the merged cell's drift is smaller" if collapsed else "the merged cell drifts as much")
+                + (f" (cells pooled over {seeds} bSFT seeds; no per-seed reading)" if seeds > 1 else ""),
+                f"bsft_merged_vs_stacked: {row['model']} {row['modality']} {row['source']} t{row['step']}", seeds)
 
 
 MEASURES: dict[str, Callable[[Run], Ours]] = {f.__name__: f for f in (
@@ -399,9 +564,10 @@ def floor_note(run: Run, effect_share: float) -> str:
 
 def beside_ours(tables: Path) -> pl.DataFrame:
     """One row per paper number: the paper's value and where, this run's
-    value, the verdict, why, the table it comes from, and what its planted
-    control read (a "not reproduced" means something only where the planted
-    effect was seen)."""
+    value, the verdict, why, how many training seeds it pools and each
+    seed's value, the table it comes from, and what its planted control
+    read (a "not reproduced" means something only where the planted effect
+    was seen)."""
     run = Run(tables)
     rows = []
     for entry in paper_numbers():
@@ -409,7 +575,10 @@ def beside_ours(tables: Path) -> pl.DataFrame:
         why = ours.why
         if ours.verdict == NOT_REPRODUCED and "effect_share" in entry:
             why += f"; {floor_note(run, entry['effect_share'])}"
+        if ours.seeds == 1 and ours.verdict in (SAME, NOT_REPRODUCED):
+            why += f"; {ONE_SEED}"
         rows.append({"paper": entry["paper"], "claim": entry["claim"], "paper_value": entry["value"],
                      "where": entry["where"], "this_run": ours.value, "verdict": ours.verdict, "why": why,
-                     "planted": planted(run, entry["id"]), "source": ours.source})
+                     "seeds": ours.seeds, "per_seed": ours.per_seed, "planted": planted(run, entry["id"]),
+                     "source": ours.source})
     return pl.DataFrame(rows)

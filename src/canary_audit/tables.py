@@ -34,6 +34,8 @@ from canary_audit.views.mia import item_scores, mia_table, settings
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
 from canary_audit.views.privacy import privacy_table
+from canary_audit.views.seeds import TABLE as SEED_TABLE
+from canary_audit.views.seeds import across_seeds
 from canary_audit.views.strata import strata_table
 
 log = logging.getLogger(__name__)
@@ -240,6 +242,13 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 f"Teacher-forced vs greedy on the same canaries and weights, per prefill arm ({ci})",
                 paper_a.teacher_forced_vs_greedy(*everything, convention, boot, window_k),
             )
+    if canary.height and variants:
+        tables[SEED_TABLE] = (
+            f"Paper A's rates pooled over training seeds, per family of variants trained under two or more "
+            f"(AUTO arm; Delta_AB and teacher-forced top-1 under prefill_{cfg.get('prefill_contrast', 'bio')}); "
+            f"{boot.level:.0%} CIs: seed x author bootstrap, B={boot.replicates}",
+            across_seeds(decode, tokens, variants, convention, boot, cfg.get("prefill_contrast", "bio"), window_k),
+        )
     if controls and canary.height:
         tables[CONTROLS_TABLE] = (
             f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "

@@ -298,8 +298,9 @@ def cell_probes(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, s
     """Every probe of every cell with CIs (canary-clustered bootstrap), its
     verdicts, diagnosis and evidence, at two levels from one pass over the
     records: `runs`, one row per seed-level run, and `cells`, one row per cell
-    with its bSFT seeds pooled (the canaries are resampled, so a canary's
-    seeds move together).  Empty frames when there are no cells."""
+    with its bSFT seeds pooled (seeds and canaries both resampled, crossed: a
+    canary's seeds move together, and a seed that reverses a Delta widens
+    its CI).  Empty frames when there are no cells."""
     empty = {"runs": pl.DataFrame(), "cells": pl.DataFrame()}
     cell_rows = cell_frame(cells)
     if cell_rows.is_empty() or tokens.is_empty():
@@ -311,7 +312,9 @@ def cell_probes(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, s
     with_ci = [c for c in WITH_CI if items[c].null_count() < items.height]
 
     def level(keys: list[str]) -> pl.DataFrame:
-        ci = rates_with_ci(items, keys, with_ci, boot.replicates, boot.seed, level=boot.level, table="bsft_matrix")
+        nest = None if "bsft_seed" in keys else "bsft_seed"
+        ci = rates_with_ci(items, keys, with_ci, boot.replicates, boot.seed, level=boot.level, table="bsft_matrix",
+                           nest=nest)
         unmeasured = [c for c in WITH_CI if c not in with_ci]  # all null: no CI, a null column
         means = items.group_by(keys).agg(*(pl.col(c).mean() for c in (*MEANS, *unmeasured)),
                                          seeds=pl.col("bsft_seed").n_unique())
