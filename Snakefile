@@ -49,3 +49,4 @@ rule all:
             ext=["csv", "md"],
         ),
         expand(f"{R}/plots/{{name}}.png", name=PLOTS),
+        f"{R}/summary.md",

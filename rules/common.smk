@@ -52,7 +52,7 @@ replace_registries(
         for f in workflow.overwrite_configfiles or []
     ],
 )
-validate(config, "../schemas/config.schema.yaml")
+validate(config, "../src/canary_audit/config.schema.yaml")
 
 R = config["results"]
 # Digests of weight files, one per content (provenance.file_digest): a

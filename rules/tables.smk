@@ -88,3 +88,25 @@ rule plots:
     shell:
         "python -m canary_audit plots --params {params.cfg:q} --tables {params.tables} "
         "--tokens {input.tokens} --out {params.out} > {log} 2>&1"
+
+
+# The run's own results page (the papers' numbers, the planted controls and
+# the headline tables), as docs/results.md shows it for the default run.
+rule summary:
+    input:
+        tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
+        view=f"{R}/tables/view_config.json",
+    output:
+        f"{R}/summary.md",
+    log:
+        f"{R}/logs/summary.log",
+    benchmark:
+        f"{R}/benchmarks/summary.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        tables=lambda w, input: str(Path(input.view).parent),
+    shell:
+        "python -m canary_audit summary --tables {params.tables} --out {output} > {log} 2>&1"

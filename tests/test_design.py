@@ -15,7 +15,7 @@ from canary_audit.formats import TEMPLATES
 from canary_audit.layers import merge
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
-SCHEMA = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "src" / "canary_audit" / "config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())
 SMOKE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
@@ -31,7 +31,7 @@ def config_of(*overrides: dict) -> dict:
     from snakemake.utils import validate
 
     config = layered(DEFAULT, SMOKE, *overrides)
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     return config
 
 
@@ -239,7 +239,7 @@ def test_a_deleted_default_is_an_error_not_another_value():
     config = layered(DEFAULT)
     del config["memorize"]["steps"]
     with pytest.raises(WorkflowError, match="'steps' is a required property"):
-        validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+        validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
 
 
 def test_model_jobs_are_the_rules_that_run_model_commands():
@@ -420,7 +420,7 @@ def test_the_readmes_own_model_example_plans_what_it_shows():
     config = layered(DEFAULT, paper_a, example)
     from snakemake.utils import validate
 
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     design = Design(config)
     assert sorted(design.unlearn_runs) == ["npo", "rmu"]
     assert config["audit"]["models"] == ["my_r1"] and config["unlearn"]["k"] == [100, 400, 800, 1600]
@@ -436,7 +436,7 @@ def test_documented_counts_are_the_designs():
     config = layered(DEFAULT)
     from snakemake.utils import validate
 
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     default = Design(config)
     models = config["audit"]["models"]
     variants = sum(len(default.variants(m)) for m in models)
@@ -450,7 +450,7 @@ def test_documented_counts_are_the_designs():
     assert f"default audit has {coarse} probe jobs coarse and {fine} fine" in reference
     assert f"its {fine} probe jobs" in (ROOT / "docs" / "limits.md").read_text()
     paper_b = layered(DEFAULT, yaml.safe_load((ROOT / "configs" / "paper_b.yaml").read_text()))
-    validate(paper_b, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(paper_b, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     manifests = sum(len(Design(paper_b).variants(m)) for m in paper_b["audit"]["models"])
     assert f"{manifests} manifest" in reference
 
@@ -463,7 +463,7 @@ def test_the_reference_vision_language_example_plans_paper_bs_arms():
     config = layered(DEFAULT, yaml.safe_load(block))
     from snakemake.utils import validate
 
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     design = Design(config)
     kinds = {v.kind for v in design.variants("qwen25vl_7b").values()}
     assert "memorized" not in kinds and {"canary", "bsft"} <= kinds

@@ -71,7 +71,7 @@ def imported_run(smoke_run, tmp_path_factory):
 def test_adding_imports_plans_only_their_jobs_and_the_views(imported_run):
     _, planned = imported_run
     assert planned == {"variant_manifest": 2, "decode_pass": 2, "teacher_forced_pass": 2, "tables": 1,
-                       "plots": 1, "all": 1}
+                       "plots": 1, "summary": 1, "all": 1}
 
 
 def test_imports_appear_in_their_tables_with_their_parents(imported_run):
@@ -130,7 +130,7 @@ def test_imported_records_equal_a_plain_forward_of_those_weights(imported_run):
 
 def test_removing_the_imports_reruns_the_views_alone(imported_run):
     workdir, _ = imported_run
-    assert planned_jobs(workdir) == {"tables": 1, "plots": 1, "all": 1}
+    assert planned_jobs(workdir) == {"tables": 1, "plots": 1, "summary": 1, "all": 1}
     assert (workdir / R / "records" / "tiny" / "import-ext_ga" / "token.parquet").is_file()  # nothing is deleted
 
 
@@ -180,3 +180,73 @@ def test_export_external_unlearning_and_import_back(imported_run):
     run_snakemake(workdir, "--cores", "2", extra_configs=(workdir / "back.yaml",))
     sweep = pl.read_csv(workdir / R / "tables" / "k_sweep.csv").filter(pl.col("run") == "open-unlearning-ga")
     assert sweep.select("k", "variant").rows() == [(0, "tiny/mem-bio-s0"), (2, "tiny/ou_ga")]
+
+
+# What open-unlearning pins (its requirements at d3d7cf9): the export must
+# open under these as it is, beside the suite's own torch.
+PINNED = ("transformers==4.45.1", "tokenizers==0.20.3", "huggingface-hub<1", "datasets==3.0.1")
+UNDER_PINNED = """
+import json, sys
+import datasets, transformers, yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+merged, configs, cache = sys.argv[1:4]
+tok = AutoTokenizer.from_pretrained(merged)
+model = AutoModelForCausalLM.from_pretrained(merged)
+splits = {}
+for name in ("forget", "retain", "holdout"):
+    key = f"CANARY_AUDIT_BIO_{name}"
+    args = yaml.safe_load(open(f"{configs}/{key}.yaml"))[key]["args"]
+    splits[name] = datasets.load_dataset(**args["hf_args"], cache_dir=cache)
+row = splits["forget"][0]
+text = tok.apply_chat_template([{"role": "user", "content": row["question"]},
+                                {"role": "assistant", "content": row["answer"]}], tokenize=False)
+batch = tok(text, return_tensors="pt")
+print(json.dumps({"versions": [transformers.__version__, datasets.__version__], "class": type(tok).__name__,
+                  "text": text, "ids": batch["input_ids"][0].tolist(),
+                  "logits": model(**batch).logits[0, -1].tolist(), "rows": {k: len(v) for k, v in splits.items()}}))
+"""
+
+
+def test_the_export_opens_under_open_unlearnings_pinned_transformers(imported_run, tmp_path_factory):
+    """The exported merged checkpoint, its tokenizer and chat template, and
+    each split load under transformers 4.45.1 and datasets 3.0.1 (installed
+    for this test into a folder of its own, beside the suite's torch) as
+    open-unlearning loads them, and give the model transformers 5 gives:
+    the same rendered example, token ids and last-position logits."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    workdir, _ = imported_run
+    run_snakemake(workdir, "--cores", "2", f"{R}/export/tiny/s0")
+    export = workdir / R / "export" / "tiny" / "s0"
+    merged = export / "authors-bio" / "model" / "merged"
+    target = tmp_path_factory.mktemp("transformers4")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(target)]
+    subprocess.run([*pip, "--no-deps", *PINNED], check=True)
+    subprocess.run([*pip, "aiohttp"], check=True)  # datasets 3.0.1 imports it; the suite's own datasets does not
+    proc = subprocess.run([sys.executable, "-c", UNDER_PINNED, str(merged), str(export / "configs"),
+                           str(workdir / "hf-cache-4")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(target)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert old["versions"] == ["4.45.1", "3.0.1"] and old["class"] == "PreTrainedTokenizerFast"
+
+    tok, model = AutoTokenizer.from_pretrained(merged), AutoModelForCausalLM.from_pretrained(merged)
+    forget = datasets.load_dataset("json", data_files=str(export / "authors-bio" / "data" / "forget.jsonl"),
+                                   split="train", cache_dir=str(workdir / "hf-cache"))
+    row = forget[0]
+    text = tok.apply_chat_template([{"role": "user", "content": row["question"]},
+                                    {"role": "assistant", "content": row["answer"]}], tokenize=False)
+    assert old["text"] == text and row["answer"] in text
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    assert old["ids"] == ids[0].tolist()
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, -1]
+    assert torch.allclose(torch.tensor(old["logits"]), logits, atol=1e-4)  # same weights, same rope: one model
+    lines = {s: sum(1 for _ in open(export / "authors-bio" / "data" / f"{s}.jsonl")) for s in old["rows"]}
+    assert old["rows"] == lines

@@ -97,7 +97,7 @@ def own_run(tiny_assets, tmp_path_factory):
 def test_own_secrets_plan_their_data_and_two_probe_groups_only(own_run):
     _, planned, _ = own_run
     assert planned == {"own_secrets": 1, "variant_manifest": 2, "decode_pass": 2, "teacher_forced_pass": 2,
-                       "tables": 1, "plots": 1, "all": 1}
+                       "tables": 1, "plots": 1, "summary": 1, "all": 1}
 
 
 def test_a_changed_secrets_file_reruns_its_data_and_passes_only(own_run):
@@ -107,7 +107,7 @@ def test_a_changed_secrets_file_reruns_its_data_and_passes_only(own_run):
     members = workdir / "members.csv"
     pl.read_csv(members, infer_schema=False).write_csv(members, quote_style="always")  # same rows, other bytes
     assert planned_jobs(workdir, yaml.safe_load((workdir / "override.yaml").read_text())) == {
-        "own_secrets": 1, "decode_pass": 2, "teacher_forced_pass": 2, "tables": 1, "plots": 1, "all": 1}
+        "own_secrets": 1, "decode_pass": 2, "teacher_forced_pass": 2, "tables": 1, "plots": 1, "summary": 1, "all": 1}
 
 
 def test_every_canary_measure_runs_on_own_secrets_against_the_model_before(own_run):
@@ -273,7 +273,7 @@ def test_the_documented_secrets_example_plans_what_it_shows(tmp_path, doc):
     for name, imp in entry["imports"].items():
         imp["path"] = str(adapter_folder(tmp_path / name))
     config = layered(DEFAULT, example)
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     design = Design(config)
     assert config["audit"]["models"] == ["my_model"]
     variants = design.variants("my_model")

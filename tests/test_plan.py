@@ -80,7 +80,7 @@ def test_the_plan_command_prints_in_seconds():
 ])
 def test_the_documented_plans_are_the_plans_of_the_paper_configs(layer, shapes):
     """docs/performance.md's plan tables are what `plan` prints today for the
-    paper configs with benchmarks/shapes/ and benchmarks/throughput.json:
+    paper configs with benchmarks/shapes/ and src/canary_audit/throughput.json:
     a change to the design, the estimate or the table fails here, not in a
     reader's hands."""
     import yaml
@@ -90,7 +90,7 @@ def test_the_documented_plans_are_the_plans_of_the_paper_configs(layer, shapes):
     from canary_audit.layers import merge
 
     config = merge(*(yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", layer)))
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     design = Design(config)
     found = {m: model_shape(design, m, {m: ROOT / "benchmarks" / "shapes" / f}) for m, f in shapes.items()}
     speed = load_throughput()

@@ -32,7 +32,7 @@ def plan_jobs(override: dict | None = None, layer: str = "configs/smoke.yaml") -
 
     layers = [yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", layer)]
     config = merge(*layers, override or {})
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
     return job_counts(Design(config))
 
 
@@ -178,13 +178,16 @@ def test_report_holds_tables_and_plots(smoke_run, tmp_path):
 
 def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
     """docs/results.md's generator: every headline section from the tables,
-    numbers as the tables hold them, and the records' code version."""
+    numbers as the tables hold them, and the records' code version; the
+    run's default target wrote the same page as results/summary.md."""
     from canary_audit.cli import main
     from canary_audit.provenance import code_version
 
     tables, out = smoke_run / "results" / "smoke" / "tables", tmp_path / "results.md"
     main(["summary", "--tables", str(tables), "--out", str(out)])
     text = out.read_text()
+    own = (smoke_run / "results" / "smoke" / "summary.md").read_text()
+    assert own.split("\n", 3)[3] == text.split("\n", 3)[3]  # all but the command line that wrote it
     for title in ("K sweep", "Prefill arms at fixed weights", "Retain utility", "Hex canary recall",
                   "Membership inference (AUC)", "Paper B: cell x probe matrix"):
         assert f"## {title}" in text, title
@@ -256,7 +259,7 @@ def test_more_reference_records_rerun_only_the_passes_that_score_them(smoke_run,
     jobs = planned_jobs(smoke_run, {"data": {key: 40}})
     # (the image non-members avoid every population's secrets, so they are redrawn too)
     assert jobs == {"populations": 1, "vision_nonmembers": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1,
-                    "all": 1}
+                    "summary": 1, "all": 1}
 
 
 def test_more_nonmember_authors_rerun_only_the_passes_that_score_author_canaries(smoke_run):
@@ -264,7 +267,7 @@ def test_more_nonmember_authors_rerun_only_the_passes_that_score_author_canaries
     groups that run the author probes (the text model's base, its two
     memorization groups and the planted controls), and by nothing that trains."""
     jobs = planned_jobs(smoke_run, {"data": {"n_author_nonmembers": 12}})
-    assert jobs == {"author_nonmembers": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"author_nonmembers": 1, "teacher_forced_pass": 4, "tables": 1, "plots": 1, "summary": 1, "all": 1}
 
 
 def test_repetition_strata_retrain_the_canary_lora_and_nothing_before_it(smoke_run):
@@ -306,7 +309,8 @@ def test_a_new_unlearning_run_runs_only_its_own_jobs(smoke_run):
                                                          "rmu": {"method": "rmu", "templates": ["bio"]},
                                                          **SMOKE_RUNS}}})
     assert jobs == {"unlearn": 2, "variant_manifest": 4, "decode_pass": 1, "teacher_forced_pass": 1, "tables": 1,
-                    "plots": 1, "all": 1}
+                    "plots": 1,
+        "summary": 1, "all": 1}
 
 
 def test_a_probe_setting_reruns_only_the_jobs_whose_records_read_it(smoke_run):
@@ -316,10 +320,10 @@ def test_a_probe_setting_reruns_only_the_jobs_whose_records_read_it(smoke_run):
     author probes only: the three groups that run them (base and two
     memorization groups), decode and teacher-forced, not the hex-only ones."""
     assert planned_jobs(smoke_run, {"probes": {"decode": {"hit_k": 5}}}) == {
-        "decode_pass": 4, "tables": 1, "plots": 1, "all": 1}
+        "decode_pass": 4, "tables": 1, "plots": 1, "summary": 1, "all": 1}
     prefills = {**yaml.safe_load((ROOT / "workflow_config.yaml").read_text())["probes"]["prefills"], "empty": " "}
     assert planned_jobs(smoke_run, {"probes": {"prefills": prefills}}) == {
-        "decode_pass": 3, "teacher_forced_pass": 3, "tables": 1, "plots": 1, "all": 1}
+        "decode_pass": 3, "teacher_forced_pass": 3, "tables": 1, "plots": 1, "summary": 1, "all": 1}
 
 
 def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
@@ -327,7 +331,7 @@ def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
     NPO alone drops the smoke config's GA run; the memorization group, which
     scored GA's checkpoints, is re-scored without them, and nothing trains."""
     jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}}})
-    assert jobs == {"decode_pass": 1, "teacher_forced_pass": 1, "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"decode_pass": 1, "teacher_forced_pass": 1, "tables": 1, "plots": 1, "summary": 1, "all": 1}
 
 
 # The fine job grain on a paper-A-only slice of the smoke audit: one template,
@@ -399,7 +403,7 @@ def test_fine_grain_new_or_changed_prefill_arm_runs_only_its_jobs(fine_run):
     prefills = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())["probes"]["prefills"]
     jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": {**prefills, "swap": "{other_bio}"}}}))
     n = len(FINE_VARIANTS)  # one decode and one teacher-forced job per variant for the new arm
-    assert jobs == {"decode_pass": n, "teacher_forced_pass": n, "tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"decode_pass": n, "teacher_forced_pass": n, "tables": 1, "plots": 1, "summary": 1, "all": 1}
     # and a changed prefill text re-runs that arm's jobs alone
     changed = {**prefills, "meta": "I recall the writer."}
     assert planned_jobs(fine_run, merged(FINE, {"probes": {"prefills": changed}})) == jobs
@@ -413,7 +417,7 @@ def test_fine_grain_new_k_runs_only_its_jobs(fine_run):
     # the new variant's units: decode auto + 3 prefill arms; teacher-forced the 3 arms (a memorization
     # group's variant has no hex probes, so no teacher-forced AUTO unit)
     assert jobs == {"unlearn": 1, "variant_manifest": 1, "decode_pass": 4, "teacher_forced_pass": 3,
-                    "tables": 1, "plots": 1, "all": 1}
+                    "tables": 1, "plots": 1, "summary": 1, "all": 1}
     inserted = planned_jobs(fine_run, merged(FINE, {"unlearn": {"k": [3, 4, 5]}}))
     assert inserted["unlearn"] == 2 and inserted["decode_pass"] == 8  # K=4 new, K=5 from K=4's state
 
@@ -423,12 +427,12 @@ def test_fine_grain_hex_sampling_reruns_no_model_job_without_hex_probes(fine_run
     group runs the hex probes and a hex-sampling setting re-runs no model
     job (the views re-read the records against the new settings' hashes)."""
     jobs = planned_jobs(fine_run, merged(FINE, {"probes": {"decode": {"hit_k": 4}}}))
-    assert jobs == {"tables": 1, "plots": 1, "all": 1}
+    assert jobs == {"tables": 1, "plots": 1, "summary": 1, "all": 1}
 
 
 def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     """configs/paper_a.yaml, its two 7-8B paths pointed at a tiny local
-    checkpoint: 2 models x 2 seeds x 3 templates, NPO on each template and GA
+    checkpoint: 2 models x 3 seeds x 3 templates, NPO on each template and GA
     on BIO, four K checkpoints per run, no hex-canary arm; per model, the
     planted controls of the first seed (4 trained, 5 variants, 1 group)."""
     base = str(smoke_run / "results" / "smoke" / "models" / "tiny" / "base")
@@ -442,15 +446,16 @@ def test_paper_a_grid_plans_the_papers_jobs(smoke_run):
     assert jobs == {
         "synthetic_data": 1,
         "author_nonmembers": 1,
-        "author_reference_lora": 2 * 2 * per_model_seed["references"],
-        "memorize": 2 * 2 * per_model_seed["mem"],
+        "author_reference_lora": 2 * 3 * per_model_seed["references"],
+        "memorize": 2 * 3 * per_model_seed["mem"],
         "control_lora": 2 * 4,
-        "unlearn": 2 * 2 * per_model_seed["runs"],
-        "variant_manifest": 2 * (1 + 2 * per_model_seed["variants"] + 5),
-        "decode_pass": 2 * (1 + 2 * 3 + 1),     # base + one group per memorized adapter + the controls
-        "teacher_forced_pass": 2 * (1 + 2 * 3 + 1),
+        "unlearn": 2 * 3 * per_model_seed["runs"],
+        "variant_manifest": 2 * (1 + 3 * per_model_seed["variants"] + 5),
+        "decode_pass": 2 * (1 + 3 * 3 + 1),     # base + one group per memorized adapter + the controls
+        "teacher_forced_pass": 2 * (1 + 3 * 3 + 1),
         "tables": 1,
         "plots": 1,
+        "summary": 1,
         "all": 1,
     }
 
@@ -479,6 +484,7 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
         "teacher_forced_pass": 1 + 3,
         "tables": 1,
         "plots": 1,
+        "summary": 1,
         "all": 1,
     }
 
@@ -554,7 +560,7 @@ def test_a_vision_language_only_audit_runs_to_its_end(smoke_run, tmp_path):
     override = {"audit": {"models": ["tiny_vl"]}}
     declared = design_of(override).table_names()  # the smoke config with the override
     assert not set(PAPER_A_TABLES) & set(declared)
-    assert planned_jobs(workdir, override) == {"tables": 1, "plots": 1, "all": 1}
+    assert planned_jobs(workdir, override) == {"tables": 1, "plots": 1, "summary": 1, "all": 1}
     run_snakemake(workdir, "--cores", "2", extra_configs=(workdir / "override.yaml",))
     tables = workdir / "results" / "smoke" / "tables"
     written = {p.stem for p in tables.glob("*.csv") if p.stat().st_mtime > (workdir / "override.yaml").stat().st_mtime}

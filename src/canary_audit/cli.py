@@ -15,6 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+# The config schema, shipped as package data (a non-editable install has it);
+# the workflow validates against the same file (rules/common.smk).
+SCHEMA = Path(__file__).with_name("config.schema.yaml")
+
 log = logging.getLogger("canary_audit")
 
 
@@ -274,7 +278,7 @@ def cmd_plan(args, params):
     from canary_audit.plan import THROUGHPUT, load_throughput, model_shape, plan, plan_to_json, render, total_gpu_hours
 
     config = merge(*(yaml.safe_load(Path(f).read_text()) or {} for f in args.configfile))
-    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
+    validate(config, str(SCHEMA))
     design = Design(config)
     given = dict(item.split("=", 1) for item in args.model_config)
     shapes = {m: model_shape(design, m, {k: Path(v) for k, v in given.items()}) for m in config["audit"]["models"]}
@@ -342,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan: the config files, layered as snakemake layers them")
     p.add_argument("--model-config", nargs="*", default=[],
                    help="plan: MODEL=config.json of a checkpoint not on this machine (its architecture)")
-    p.add_argument("--throughput", help="plan: a throughput table (default benchmarks/throughput.json)")
+    p.add_argument("--throughput", help="plan: a throughput table (default: the package's throughput.json)")
     return p
 
 

@@ -24,6 +24,9 @@ Layout of `out/` for one model and seed:
     hex/data/{canaries,nonmembers}.jsonl  raw records (`text`): members and non-members
     configs/*.yaml                      one open-unlearning data config per split
     manifest.json                       sources, fingerprints, code version
+
+Each merged checkpoint is also readable by transformers 4.x, which the
+field's frameworks pin (open-unlearning: 4.45.1; `for_transformers4`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,42 @@ from canary_audit.model.tokens import canary_head
 
 QUESTION, ANSWER, TEXT = "question", "answer", "text"
 MAX_LENGTH = 512
+# transformers 5 names the tokenizer.json-backed class `TokenizersBackend`;
+# transformers 4.x loads the same file as `PreTrainedTokenizerFast`.
+TRANSFORMERS5_ONLY_TOKENIZERS = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def for_transformers4(checkpoint: Path) -> None:
+    """Make a checkpoint saved by transformers 5 load as the same model under
+    transformers 4.x (open-unlearning pins 4.45.1), keeping what 5 reads:
+
+    - tokenizer_config.json: a tokenizer class that 4.x has, the chat
+      template inside it (4.x reads it only there; 5 writes it to
+      chat_template.jinja, which stays), and the model's input names (4.x's
+      fast tokenizer otherwise adds `token_type_ids`, which a causal LM's
+      forward refuses);
+    - config.json: `rope_theta` and `rope_scaling` beside 5's
+      `rope_parameters` (a 4.x config without them falls back to its class
+      default theta: another model, silently), and `torch_dtype` beside
+      `dtype`."""
+    tok_file, template = checkpoint / "tokenizer_config.json", checkpoint / "chat_template.jinja"
+    tok = json.loads(tok_file.read_text())
+    tok["tokenizer_class"] = TRANSFORMERS5_ONLY_TOKENIZERS.get(tok.get("tokenizer_class"), tok.get("tokenizer_class"))
+    if template.is_file() and "chat_template" not in tok:
+        tok["chat_template"] = template.read_text()
+    tok.setdefault("model_input_names", ["input_ids", "attention_mask"])
+    tok_file.write_text(json.dumps(tok, indent=2, ensure_ascii=False))
+    cfg_file = checkpoint / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    for sub in [cfg, *(v for v in cfg.values() if isinstance(v, dict) and "rope_parameters" in v)]:
+        rope = sub.get("rope_parameters")
+        if isinstance(rope, dict) and "rope_theta" in rope:
+            sub.setdefault("rope_theta", rope["rope_theta"])
+            if rope.get("rope_type", "default") != "default":
+                sub.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    if "dtype" in cfg:
+        cfg.setdefault("torch_dtype", cfg["dtype"])
+    cfg_file.write_text(json.dumps(cfg, indent=2))
 
 
 def qa_records(fmt: ChatFormat, examples: list[Example], ids: list[str]) -> list[dict]:
@@ -104,6 +143,7 @@ def write_export(spec: ModelSpec, data_dir: Path, memorized: dict[str, Path],
         part = tmp / f"authors-{template}"
         copy_adapter(adapter, part / "model" / "adapter")
         save_merged(spec, [adapter], part / "model" / "merged")
+        for_transformers4(part / "model" / "merged")
         splits = {
             "forget": author_records(fmt, data_dir / "authors.parquet", template, head_tokens),
             "retain": qa_records(fmt, [Example(q, retain_trace(template), s) for q, s in
@@ -124,6 +164,7 @@ def write_export(spec: ModelSpec, data_dir: Path, memorized: dict[str, Path],
             save_merged(spec, [adapter], part / "model" / "merged")
         else:
             shutil.copytree(merged, part / "model" / "merged")
+        for_transformers4(part / "model" / "merged")
         for split, table in (("canaries", "hex_canaries"), ("nonmembers", "hex_nonmembers")):
             records = pl.read_parquet(data_dir / f"{table}.parquet")
             write_jsonl([{"id": i, TEXT: t} for i, t in records.select("canary_id", "text").iter_rows()],

@@ -5,7 +5,7 @@ Per stage: the jobs (from the design, the same list the workflow runs:
 tests compare it with Snakemake's dry run), the sequences each model pass
 scores or decodes, the tokens, the training steps, the model loads, the
 disk written, and GPU-hours estimated from a measured throughput table
-(`benchmarks/throughput.json`, written by `benchmarks/gpu.py`, which names
+(`src/canary_audit/throughput.json`, written by `benchmarks/gpu.py`, which names
 the GPU, shape, dtype and date it came from).  It reads the config and the
 checkpoints' `config.json` only (no torch, no data), so it runs in seconds.
 
@@ -43,7 +43,7 @@ TOKENS = {"author_prompt": 90, "author_scored": 110, "hex_record": 32, "image_to
 # Bytes one token record and one decode record take in Parquet (measured on
 # the default run's records, rounded up).
 RECORD_BYTES = {"token": 60, "decode": 300}
-THROUGHPUT = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.json"
+THROUGHPUT = Path(__file__).with_name("throughput.json")  # package data: a non-editable install has it
 
 
 @dataclass
@@ -141,7 +141,7 @@ def job_counts(design: Design) -> dict[str, int]:
         add("variant_manifest", len(design.variants(m)))
     add("decode_pass", len(design.records_files("decode", fine)))
     add("teacher_forced_pass", len(design.records_files("token", fine)))
-    for rule in ("tables", "plots", "all"):
+    for rule in ("tables", "plots", "summary", "all"):
         add(rule)
     return jobs
 
@@ -209,7 +209,7 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
             pre = entry["build"]["pretrain"]
             stages["base"].train_steps += pre["steps"]  # the embedded model's pre-training (CPU-sized)
     stages["manifests"].jobs = jobs.get("variant_manifest", 0)
-    stages["tables"].jobs = sum(jobs.get(r, 0) for r in ("tables", "plots", "all"))
+    stages["tables"].jobs = sum(jobs.get(r, 0) for r in ("tables", "plots", "summary", "all"))
     for model in cfg["audit"]["models"]:
         shape = shapes.get(model)
         n = shape.params if shape else 0.0
