@@ -524,3 +524,15 @@ def test_the_package_declares_every_distribution_its_code_imports():
     pinned = {re.split(r"[<>=!~ \[]", line)[0].lower() for line in (ROOT / "envs" / "requirements.txt").read_text()
               .splitlines() if line.strip() and not line.startswith("#")}
     assert declared <= pinned, f"in pyproject.toml, not in envs/requirements.txt: {sorted(declared - pinned)}"
+
+
+def test_an_unquoted_on_key_of_an_import_is_read_as_on():
+    """YAML 1.1 reads `on: base` as {True: "base"}; the README's and
+    docs/imports.md's import examples write it unquoted, so the layering
+    gives the key back its name before the schema sees it."""
+    from canary_audit.layers import merge
+
+    user = yaml.safe_load("models:\n  tiny:\n    imports:\n      x: {path: /p, parent: mem-bio-s0, as: unlearned, "
+                          "on: base}\n")
+    assert True in user["models"]["tiny"]["imports"]["x"]
+    assert merge(DEFAULT, user)["models"]["tiny"]["imports"]["x"]["on"] == "base"

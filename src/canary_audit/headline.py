@@ -27,7 +27,8 @@ import polars as pl
 from canary_audit.papers import SAME, Run, beside_ours, ci_text
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
-BEGIN = "<!-- short result: written by `python -m canary_audit summary --readme README.md` from a run's tables -->"
+BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/tables --out docs/results.md "
+         "--readme README.md` from a run's tables -->")
 END = "<!-- end of the short result -->"
 SECTION = "Figures the README quotes"
 TEXT, VL = "tiny", "tiny_vl"

@@ -33,6 +33,17 @@ def _set(config: dict, path: tuple[str, ...], value) -> None:
     config[path[-1]] = copy.deepcopy(value)
 
 
+def unquoted_keys(config: dict) -> dict:
+    """`config` with an import entry's `on` key back under its name: YAML
+    1.1, which Snakemake and PyYAML read, takes an unquoted `on:` for the
+    boolean True, and the schema would refuse the entry for a key `True`
+    that the user never wrote."""
+    for _, entry in _found(config, ("models", "*", "imports", "*")):
+        if isinstance(entry, dict) and True in entry:
+            entry["on"] = entry.pop(True)
+    return config
+
+
 def replace_registries(config: dict, layers: list[dict]) -> dict:
     """`config` (the layers merged key by key) with every registry block
     set to the one the last layer that gives it gives, whole."""
@@ -43,7 +54,7 @@ def replace_registries(config: dict, layers: list[dict]) -> dict:
                 last[where] = value
         for where, value in last.items():
             _set(config, where, value)
-    return config
+    return unquoted_keys(config)
 
 
 def merge(*layers: dict) -> dict:

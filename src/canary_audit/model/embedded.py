@@ -230,7 +230,7 @@ def pretrain(model, tokenizer, texts: list[str], cfg: dict, seed: int) -> list[f
     too_long = sum(len(e) > max_len for e in enc)
     if too_long:
         raise ValueError(
-            f"{too_long} pre-training sequences exceed `base_model.pretrain.max_length` = "
+            f"{too_long} pre-training sequences exceed `models.<model>.build.pretrain.max_length` = "
             f"{max_len}; raise it"
         )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.01)
@@ -362,7 +362,7 @@ def build_embedded(out_dir: Path, data_dir: Path, cfg: dict, seed: int) -> dict:
             f"{len(missing)} tokens of the fictional data never occur in the pre-training "
             f"corpus ({sorted(missing)[:10]}...); LoRA cannot learn them because embeddings "
             "are frozen. Widen the pools in canary_audit/data/pools.py or lower "
-            "`base_model.tokenizer.vocab_size`."
+            "`models.<model>.build.tokenizer.vocab_size`."
         )
     torch.set_num_threads(cfg.get("threads", 1))
     model = build_model(len(tokenizer), cfg["architecture"], tokenizer)

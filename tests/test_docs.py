@@ -1,0 +1,70 @@
+"""The docs a reader follows hold against the code: every config key, path,
+command, table and variant name in README.md and docs/*.md, and every
+config key the code's messages name (tests/docs_check.py says how each is
+checked).  A wrong one of each kind is caught (the second test)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from docs_check import ROOT, message_problems, problems
+from snakemake.utils import validate
+
+from canary_audit.design import ALL_TABLES, Design
+from canary_audit.layers import merge
+from canary_audit.views.seeds import family_of
+
+SCHEMA = ROOT / "src" / "canary_audit" / "config.schema.yaml"
+DOCS = {p.relative_to(ROOT).as_posix(): p.read_text()
+        for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+
+
+def shipped_variants() -> set[str]:
+    """The variant names the default, smoke, seeds and paper configs make."""
+    default = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())
+    names = set()
+    for layer in ("smoke", "seeds", "paper_a", "paper_b", "strata", None):
+        config = merge(default, yaml.safe_load((ROOT / "configs" / f"{layer}.yaml").read_text())) if layer \
+            else merge(default)
+        validate(config, str(SCHEMA))
+        design = Design(config)
+        for model in config["audit"]["models"]:
+            for name, variant in design.variants(model).items():
+                names.add(name)
+                if variant.seed is not None:  # across_seeds names a family by the name without its seed
+                    names.add(family_of(name, variant.seed))
+    return names
+
+
+@pytest.fixture(scope="module")
+def variants() -> set[str]:
+    return shipped_variants()
+
+
+def test_the_docs_name_only_what_exists(variants):
+    found = problems(DOCS, set(ALL_TABLES), variants)
+    assert not found, "\n".join(found)
+
+
+def test_the_codes_messages_name_only_config_keys_that_exist():
+    found = [p for source in sorted((ROOT / "src" / "canary_audit").rglob("*.py"))
+             for p in message_problems(source.relative_to(ROOT).as_posix(), source.read_text())]
+    assert not found, "\n".join(found)
+    wrong = 'raise ValueError("lower `base_model.tokenizer.vocab_size`")'
+    assert list(message_problems("x.py", wrong)) and not list(message_problems("x.py", "`scipy.stats.skewnorm.fit`"))
+
+
+@pytest.mark.parametrize("wrong,expected", [
+    ("```yaml\naudit:\n  seeds: [0]\n  sedes: [1]\n```", "`audit.sedes` is not in the config schema"),
+    ("Set `tables.bootstrap.levels` to 0.9.", "`tables.bootstrap.levels` is not in the config schema"),
+    ("See `src/canary_audit/nowhere.py`.", "path `src/canary_audit/nowhere.py` does not exist"),
+    ("```bash\npython -m canary_audit summarise --tables results/tables\n```", "does not parse"),
+    ("```bash\npython -m canary_audit summary --tables results/tables\n```", "lacks the --out"),
+    ("```bash\nsnakemake --cores 2 --configfile configs/absent.yaml\n```", "config file that does not exist"),
+    ("```bash\nsnakemake --coresx 2\n```", "does not parse"),
+    ("| table | what |\n|---|---|\n| `canary_leak` | x |\n", "table `canary_leak` is not in the design's"),
+    ("The BIO reference is `reference-bio-s0`.", "variant `reference-bio-s0` is made by no shipped config"),
+])
+def test_a_wrong_claim_of_each_kind_is_caught(variants, wrong, expected):
+    found = problems({"docs/reference.md": wrong}, set(ALL_TABLES), variants)
+    assert any(expected in p for p in found), found
