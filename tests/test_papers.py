@@ -152,3 +152,11 @@ def test_seeds_that_disagree_in_direction_read_seed_dependent(tmp_path):
     assert gap["verdict"] == SEED_DEPENDENT and "s2 against the paper" in gap["why"]
     truncation = page.filter(pl.col("claim").str.contains("(?i)window")).row(0, named=True)
     assert truncation["verdict"] == SEED_DEPENDENT and "b0: 1 of 1 runs" in truncation["per_seed"]
+
+
+def test_a_seed_whose_ci_covers_zero_disagrees_with_no_one(tmp_path):
+    """Seed 2's gap is -0.05 [-0.15, 0.05]: on the other side of 0 by its
+    point, not by its CI; the verdict is the pooled one, the seed shown."""
+    page = seeded(tmp_path / "t", [0.3, 0.3, -0.05], (0.18, 0.02, 0.33))
+    gap = page.filter(pl.col("claim").str.starts_with("parser-split bypass gap")).row(0, named=True)
+    assert gap["verdict"] == SAME and "s2: -0.05 [-0.15, 0.05]" in gap["per_seed"]

@@ -190,7 +190,11 @@ def unlearned_out_acc(run: Run) -> Ours:
 
     def point(n: str) -> float | None:
         rows = _sweep(run, run.table("k_sweep"), n, [0, run.variants[n]["k"]])
-        return rows["out_acc"][0] - rows["out_acc"][-1] if rows.height == 2 else None
+        if rows.height < 2:
+            return None
+        before, after = rows.row(0, named=True), rows.row(-1, named=True)
+        return _sided(before["out_acc"] - after["out_acc"], after["out_acc_hi"] < before["out_acc"],
+                      after["out_acc_lo"] > before["out_acc"])
 
     def pooled(row: dict) -> Reading:
         before = run.pooled(parent)
@@ -321,28 +325,34 @@ def read_case(run: Run, variant: str, diagnosis: str) -> Reading:
                    f"bsft_matrix: {cell['model']} text {cell['cell']}")
 
 
-def across(readings: dict[str, Reading], pooled: Reading | None, directions: dict[str, float | None]) -> Ours:
+def across(readings: dict[str, Reading], pooled: Reading | None, directions: dict[str, float | None],
+           primary: str | None = None) -> Ours:
     """One verdict from per-seed readings (label -> reading): one seed is
-    that seed's verdict; several read `seed-dependent` where their point
-    estimates (`directions`: > 0 on the paper's side, < 0 on the other,
-    None unreadable) fall on both sides, and otherwise the `pooled` reading's
-    verdict (the seeds' common reading where nothing is pooled), with each
-    seed's value beside it."""
+    that seed's verdict; several read `seed-dependent` where seeds lie
+    conclusively on both sides (`directions`: > 0 a seed whose own CI is on
+    the paper's side, < 0 one whose CI is on the other, 0 or None neither;
+    a categorical reading is +1 read, -1 not read), and otherwise the `pooled` reading's
+    verdict or, where nothing is pooled, the `primary` seed's reading (the
+    variant the measure picked) when every seed reads the same; each seed's
+    value stands beside it."""
     if len(readings) == 1:
         return next(iter(readings.values())).verdict()
     per_seed = "; ".join(f"{label}: {r.value}" for label, r in readings.items())
     signs = {d > 0 for d in directions.values() if d is not None and d != 0}
-    base = pooled or next(iter(readings.values()))
+    base = pooled or readings.get(primary) or next(iter(readings.values()))
     if len(signs) > 1:
         sides = ", ".join(f"{label} {'with' if d > 0 else 'against'} the paper"
                           for label, d in directions.items() if d)
         return Ours(base.value, SEED_DEPENDENT, f"the seeds disagree in direction ({sides})", base.source,
                     len(readings), per_seed)
-    if pooled is None and len({r.effect for r in readings.values()} - {None}) > 1:
+    effects = {r.effect for r in readings.values()}
+    if pooled is None and len(effects - {None}) > 1:
         return Ours(base.value, SEED_DEPENDENT, "the seeds' readings differ", base.source, len(readings), per_seed)
     ours = base.verdict()
-    return Ours(ours.value, ours.verdict, f"{ours.why} (pooled over {len(readings)} seeds)", ours.source,
-                len(readings), per_seed)
+    how = (f"pooled over {len(readings)} seeds" if pooled is not None else
+           f"every one of {len(readings)} seeds reads the same" if len(effects) == 1 else
+           f"the seeds that read it agree, of {len(readings)}")
+    return Ours(ours.value, ours.verdict, f"{ours.why} ({how})", ours.source, len(readings), per_seed)
 
 
 def _seeds(run: Run, name: str, read: Callable[[str], Reading], point: Callable[[str], float | None],
@@ -353,16 +363,24 @@ def _seeds(run: Run, name: str, read: Callable[[str], Reading], point: Callable[
     labels = {n: f"s{run.variants[n]['seed']}" if n in run.variants else n for n in names}
     row = run.pooled(name) if len(names) > 1 else None
     return across({labels[n]: read(n) for n in names}, pooled(row) if row and pooled else None,
-                  {labels[n]: point(n) for n in names})
+                  {labels[n]: point(n) for n in names}, labels.get(name))
 
 
-def _point(run: Run, table: str, column: str, minus: str | None = None, **where) -> Callable[[str], float | None]:
-    """A variant's point estimate of `column` (less `minus`) in `table`."""
+def _sided(point: float, with_paper: bool, against: bool) -> float:
+    """A seed's direction for `across`: its point estimate where its own CI
+    lies on one side of the null (`with_paper`, `against`), 0 where it
+    straddles it (a seed whose CI covers 0 disagrees with no one)."""
+    return point if with_paper or against else 0.0
+
+
+def _point(run: Run, table: str, column: str, **where) -> Callable[[str], float | None]:
+    """A variant's direction on `column` of `table`: its point estimate
+    where its CI excludes 0, else 0."""
     def point(name: str) -> float | None:
         row = _row(run.table(table), variant=name, **where)
         if row is None or row.get(column) is None:
             return None
-        return row[column] - (row[minus] if minus else 0.0)
+        return _sided(row[column], row[f"{column}_lo"] > 0, row[f"{column}_hi"] < 0)
     return point
 
 
@@ -439,7 +457,10 @@ def teacher_forced_vs_greedy(run: Run) -> Ours:
     def point(n: str) -> float | None:
         tf = _row(run.table("teacher_forced_vs_greedy"), variant=n, arm=arm)
         auto = _row(run.table("canary_leakage"), variant=n, arm="auto")
-        return tf["tf_top1_rate"] - auto["out_acc"] if tf and auto else None
+        if not (tf and auto):
+            return None
+        return _sided(tf["tf_top1_rate"] - auto["out_acc"], tf["tf_top1_rate_lo"] > auto["out_acc_hi"],
+                      tf["tf_top1_rate_hi"] < auto["out_acc_lo"])
 
     def pooled(row: dict) -> Reading:
         if row.get("tf_top1_rate") is None:
