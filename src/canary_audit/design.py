@@ -327,7 +327,10 @@ class Design:
                                        template=retain_form(template), seed=seed)
             if seed == audit["seeds"][0]:
                 out.update(self._control_variants(model, seed))
-            if audit["hex_canaries"]:
+            # Paper B's arms run on the first audit seed: its seed-level runs
+            # are bSFT seeds on one canary LoRA (`bsft.seeds`), so a further
+            # audit seed trains paper A's arms only, the ones its verdicts read.
+            if audit["hex_canaries"] and seed == audit["seeds"][0]:
                 canary = f"canary-s{seed}"
                 out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
                                       seed=seed)
@@ -337,8 +340,7 @@ class Design:
                 out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", "base", seed=seed)
                 if self.bsft_active():
                     out.update(self._bsft_variants(model, seed))
-                    if seed == audit["seeds"][0]:
-                        out.update(self._control_hex_variants(model, seed))
+                    out.update(self._control_hex_variants(model, seed))
         out.update(self._import_variants(model, out))
         return out
 
@@ -452,7 +454,7 @@ class Design:
             raise ConfigError(f"export of seed {seed}: `audit.seeds` is {self.config['audit']['seeds']}")
         lay = self.layout
         canary = None
-        if self.config["audit"]["hex_canaries"]:
+        if self.config["audit"]["hex_canaries"] and seed == self.config["audit"]["seeds"][0]:
             name = f"canary-s{seed}"
             merged = lay.merged_dir(model, name) if self.bsft_active() else None
             canary = [lay.adapter_dir(model, name), merged]

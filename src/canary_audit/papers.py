@@ -92,7 +92,10 @@ class Run:
             frame = self.frames.get(name)
             return frame if frame is not None and frame.height else None
         path = self.tables / f"{name}.csv"
-        return pl.read_csv(path) if path.is_file() and path.stat().st_size else None
+        if not (path.is_file() and path.stat().st_size):
+            return None
+        frame = pl.read_csv(path)  # a header without rows is no table: its columns have no types
+        return frame if frame.height else None
 
     def audited(self, frame: pl.DataFrame) -> pl.DataFrame:
         """The rows of the audit's own variants, imports included (never a

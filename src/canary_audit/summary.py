@@ -31,9 +31,12 @@ def with_ci(frame: pl.DataFrame, columns: list[str], digits: int = 2) -> pl.Data
 
 def _read(tables: Path, name: str) -> pl.DataFrame | None:
     """A table, or None when the run has none or it is empty (an empty
-    table's CSV has no header to read)."""
+    table's CSV has no header to read, or a header and no row)."""
     path = tables / f"{name}.csv"
-    return pl.read_csv(path) if path.is_file() and path.stat().st_size else None
+    if not (path.is_file() and path.stat().st_size):
+        return None
+    frame = pl.read_csv(path)
+    return frame if frame.height else None
 
 
 def ci_level(tables: Path) -> str:
