@@ -174,3 +174,28 @@ def test_a_forked_job_takes_its_own_thread_count(monkeypatch):
             assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_nothing_imported_before_the_fork_starts_a_thread_or_imports_polars():
+    """The server forks jobs after `_preload` and the client side runs
+    `__main__` and `warm.run_via_server`: a fork is safe only while that
+    process has one thread and no polars (whose threads a fork would leave
+    locked). A new import that breaks either fails here, in a fresh
+    interpreter, not as a hang in a job."""
+    probe = ("import sys, pathlib\n"
+             "import canary_audit.warm as warm\n"
+             "warm._preload()\n"
+             "threads = len(list(pathlib.Path('/proc/self/task').iterdir()))\n"
+             "print(threads, sorted(m for m in ('polars', 'pyarrow') if m in sys.modules))\n")
+    # numpy's and scipy's OpenBLAS start worker threads at import and stop
+    # them around a fork (pthread_atfork); pinned to none here, every thread
+    # left is someone else's (torch's OpenMP pool, a tokenizer's, polars').
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env=env).stdout.split(maxsplit=1)
+    assert out == ["1", "[]\n"], out
+    # The entry point imports the warm client only when a server is set.
+    entry = subprocess.run([sys.executable, "-X", "importtime", "-m", "canary_audit", "status", "--help"],
+                           capture_output=True, text=True, env={k: v for k, v in os.environ.items()
+                                                                if k != warm.ENV_VAR})
+    assert "canary_audit.warm" not in entry.stderr

@@ -58,7 +58,10 @@ def _preload() -> None:
     """Import what model jobs import, without running any tensor operation:
     no intra-op thread pool exists before the fork.  polars and pyarrow are
     left to each job (~0.4 s): importing them starts allocator and cleanup
-    threads, and polars is not fork-safe once its threads exist."""
+    threads, and polars is not fork-safe once its threads exist.  numpy's
+    and scipy's OpenBLAS start worker threads at import; OpenBLAS stops and
+    restarts them around a fork itself (pthread_atfork).  A test holds the
+    rest: tests/test_warm.py, no other thread and no polars after this."""
     import numpy  # noqa: F401
     import peft  # noqa: F401
     import safetensors.torch  # noqa: F401
