@@ -13,6 +13,7 @@ from canary_audit import warm
 
 
 include: "rules/common.smk"
+include: "rules/outputs.smk"
 include: "rules/data.smk"
 include: "rules/base.smk"
 include: "rules/train.smk"

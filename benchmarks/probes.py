@@ -53,7 +53,8 @@ def main() -> int:
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import decode_items, scored_items
-    from canary_audit.probes.passes import generate_greedy, score_tokens
+    from canary_audit.probes.passes import generate_greedy
+    from canary_audit.probes.scoring import score_tokens
     from canary_audit.tables import build_tables, concat_records
 
     torch.set_num_threads(args.threads)

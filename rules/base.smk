@@ -30,7 +30,7 @@ rule embedded_base:
                 "head_tokens": config["data"]["head_tokens"],
             }
         ),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit base --params {params.cfg:q} --data {params.data} "
         "--out {output.model} --summary {output.summary} --threads {threads} > {log} 2>&1"

@@ -10,13 +10,7 @@ import yaml
 
 from snakemake.utils import validate
 
-from canary_audit.data.secrets import (
-    FORMAT_FILE,
-    OWN_TABLES,
-    SecretsRefused,
-    check_decode_budget,
-    image_files,
-)
+from canary_audit.data.secrets import FORMAT_FILE, OWN_TABLES, image_files
 from canary_audit.data.io import (
     AUTHOR_NONMEMBER_KEYS,
     AUTHOR_NONMEMBERS,
@@ -36,11 +30,9 @@ from canary_audit.design import (
 )
 from canary_audit.formats import TEMPLATES
 from canary_audit.gpus import MODEL_KINDS, detected_gpu_mem_mb, job_gpu_mem_mb
-from canary_audit.imports import ImportRefused, check_fits
 from canary_audit.layers import replace_registries
 from canary_audit.records import canonical_json as canonical
-from canary_audit.model.loading import load_tokenizer
-from canary_audit.model.spec import ModelSpec
+from canary_audit.preflight import PreflightRefused, check_local_models
 from canary_audit.plots import PLOTS
 from canary_audit.probes.units import unit_config
 
@@ -69,40 +61,11 @@ def fail(message):
     raise ValueError(message)
 
 
-def check_local_models():
-    """A local checkpoint's weights, think tags and chat template, before any
-    job (the tokenizer load imports transformers: ~3 s, paid only when a
-    local model is audited); and every import's weights against its model's
-    base where that exists (an embedded base not yet built: its manifest job
-    checks)."""
-    for name in config["audit"]["models"]:
-        entry = config["models"][name]
-        if not entry.get("embedded"):
-            tokenizer = load_tokenizer(
-                ModelSpec.from_config(name, entry, entry["path"])
-            )
-            if DESIGN.own_secrets(name):
-                budget = config["probes"]["decode"]["hex_max_new_tokens"]
-                try:
-                    check_decode_budget(
-                        name, DESIGN.own_secrets(name), tokenizer, budget
-                    )
-                except SecretsRefused as err:
-                    fail(str(err))
-        base = Path(DESIGN.model_path(name))
-        if list(base.glob("*.safetensors")):
-            for imp in DESIGN.imports(name).values():
-                try:
-                    check_fits(imp, base)
-                except ImportRefused as err:
-                    fail(str(err))
-
-
 try:
     DESIGN = Design(config)
-except ConfigError as err:
+    check_local_models(config, DESIGN)
+except (ConfigError, PreflightRefused) as err:
     fail(str(err))
-check_local_models()
 LAYOUT = DESIGN.layout
 
 
@@ -141,6 +104,11 @@ def job_resources(kind):
     return resources
 
 
+def data_dir(wildcards, input):
+    """The data folder a job's `--data` names: its first input's."""
+    return str(Path(input[0]).parent)
+
+
 def data_files(*tables):
     return [f"{R}/data/{t}.parquet" for t in (tables or DATA_TABLES)]
 
@@ -154,16 +122,6 @@ def own_secret_files(model):
     """A model's own secrets in the hex family's tables (rule own_secrets)."""
     folder = LAYOUT.secrets_dir(model)
     return [f"{folder}/{t}.parquet" for t in OWN_TABLES] + [f"{folder}/{FORMAT_FILE}"]
-
-
-def own_secret_inputs(wildcards):
-    """The files a model's own secrets are read from (and their images): a
-    changed file re-runs the secrets' tables and that model's passes."""
-    spec = DESIGN.own_secrets(wildcards.model) or {}
-    files = [spec[k] for k in ("members", "nonmembers", "candidates") if spec.get(k)]
-    if DESIGN.is_vision(wildcards.model):
-        files += image_files(spec)
-    return files
 
 
 def probe_data(wildcards):
@@ -207,14 +165,10 @@ def vision_input(wildcards):
     return [VISION_DATA] if DESIGN.is_vision(wildcards.model) and not own else []
 
 
-def model_path(model):
-    return DESIGN.model_path(model)
-
-
 def base_input(wildcards):
     """Embedded models are a DAG product; real checkpoints are outside it."""
     model = wildcards.model
-    return [model_path(model)] if config["models"][model].get("embedded") else []
+    return [DESIGN.model_path(model)] if config["models"][model].get("embedded") else []
 
 
 def model_json(wildcards, path=None):
@@ -235,8 +189,7 @@ def variant_entry(wildcards):
 
 
 def import_check(wildcards):
-    """An imported variant's manifest job checks that its weights fit the
-    model's base (the flag and its JSON; empty for the design's variants)."""
+    """An imported variant's manifest job checks its weights against its base."""
     check = DESIGN.import_check(wildcards.model, wildcards.variant)
     return f"--import-check {shlex.quote(canonical(check))}" if check else ""
 
@@ -271,118 +224,6 @@ def probe_weights(wildcards):
     return DESIGN.made_weights(wildcards.model, probe_names(wildcards))
 
 
-def records_path(kind):
-    """Where a probe job writes its records: one file per group, or per
-    (variant, probe unit) under the fine grain."""
-    if FINE:
-        return LAYOUT.unit_records("{model}", "{variant}", "{unit}", kind)
-    return LAYOUT.group_records("{model}", "{group}", kind)
-
-
-def probe_job_name():
-    """The wildcards that name one probe job (logs, benchmarks)."""
-    return "{variant}-{unit}" if FINE else "{group}"
-
-
-def canary_outputs(wildcards=None):
-    """The canary LoRA, and with paper B's bSFT arms its merged base and the
-    undertrained control (the same run stopped early), adapter and merged."""
-    outs = [directory(LAYOUT.adapter_dir("{model}", "canary-s{seed}"))]
-    if DESIGN.bsft_active():
-        outs.append(directory(LAYOUT.merged_dir("{model}", "canary-s{seed}")))
-        if DESIGN.undertrained_sources():
-            outs.append(
-                directory(LAYOUT.adapter_dir("{model}", "canary-s{seed}-under"))
-            )
-            outs.append(directory(LAYOUT.merged_dir("{model}", "canary-s{seed}-under")))
-    return outs
-
-
-def canary_slice(wildcards):
-    extra = {}
-    if DESIGN.bsft_active() and DESIGN.undertrained_sources():
-        extra["undertrained_steps"] = DESIGN.bsft["controls"]["undertrained"][
-            "canary_steps"
-        ]
-    return canonical(
-        {
-            **config["canary_lora"],
-            **extra,
-            "repetitions": config["audit"]["hex_repetitions"],
-            "seed": int(wildcards.seed),
-        }
-    )
-
-
-def bsft_outputs(wildcards=None):
-    """One adapter per audited training length (checkpoints of one run), and
-    the LoRA-NOISE control matched to the last one."""
-    run = LAYOUT.bsft_dir("{model}", "{canary}", "{source}", "{bseed}", "")
-    return [directory(f"{run}t{step}") for step in DESIGN.bsft["steps"]] + [
-        directory(f"{run}noise")
-    ]
-
-
-def bsft_slice(wildcards):
-    b = DESIGN.bsft
-    keep = ("r", "alpha", "targets", "lr", "batch_size", "gradient_checkpointing")
-    return canonical(
-        {
-            **{k: b[k] for k in keep},
-            "steps": sorted(b["steps"]),
-            "source": wildcards.source,
-            "seed": int(wildcards.bseed),
-        }
-    )
-
-
-def unlearn_name():
-    """An unlearning job's name: its run, and its K under the fine grain."""
-    return "{run}-{template}-s{seed}" + ("-k{k}" if FINE else "")
-
-
-def unlearn_state(k):
-    """Where a fine-grain unlearning segment saves its training state at K."""
-    return f"{R}/models/{{model}}/states/{{run}}-{{template}}-s{{seed}}-k{k}"
-
-
-def unlearn_outputs(wildcards=None):
-    """Every K checkpoint of the run; under the fine grain, one K's checkpoint
-    and the training state the next K continues from."""
-    run = "{model}", "{run}-{template}-s{seed}"
-    if FINE:
-        return [
-            directory(LAYOUT.adapter_dir(run[0], run[1] + "-k{k}")),
-            directory(unlearn_state("{k}")),
-        ]
-    return [
-        directory(LAYOUT.adapter_dir(run[0], f"{run[1]}-k{k}"))
-        for k in config["unlearn"]["k"]
-    ]
-
-
-def previous_state(wildcards):
-    """A fine-grain segment continues from the state of the K before its own
-    (none for the first K); a K not in the sweep is named."""
-    if not FINE:
-        return []
-    ks = sorted(config["unlearn"]["k"])
-    k = int(wildcards.k)
-    if k not in ks:
-        fail(f"unlearning checkpoint K={k} is not in `unlearn.k` ({ks})")
-    before = [x for x in ks if x < k]
-    return [unlearn_state(before[-1]).format(**wildcards)] if before else []
-
-
-def unlearn_params(wildcards):
-    """The settings an unlearning job reads (Design.unlearn_slice): under the
-    fine grain its own K instead of the whole sweep (a segment is re-run
-    when what comes before it changes: its input state does)."""
-    k = int(wildcards.k) if FINE else None
-    args = wildcards.run, wildcards.template, int(wildcards.seed), k
-    return canonical(design(DESIGN.unlearn_slice, *args))
-
-
 def probe_params(kind):
     """A probe job's settings: those its group's probe units read
     (Design.probe_slice: a hex-sampling setting or a prefill text only where
@@ -400,13 +241,3 @@ def probe_params(kind):
         )
 
     return slice_
-
-
-def export_sources(wildcards):
-    return design(DESIGN.export_sources, wildcards.model, int(wildcards.seed))
-
-
-def export_inputs(wildcards):
-    sources = export_sources(wildcards)
-    canary = [p for p in (sources["canary"] or []) if p]
-    return [*sources["memorized"].values(), *canary]

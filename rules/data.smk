@@ -38,7 +38,7 @@ rule populations:
         **job_resources("light"),
     params:
         cfg=canonical({k: config["data"][k] for k in POPULATION_KEYS}),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit populations --params {params.cfg:q} --data {params.data} "
         "--out {params.data} > {log} 2>&1"
@@ -61,7 +61,7 @@ rule vision_data:
         **job_resources("light"),
     params:
         cfg=canonical({k: config["data"][k] for k in VISION_KEYS}),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit images --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"
@@ -86,7 +86,7 @@ rule vision_nonmembers:
         **job_resources("light"),
     params:
         cfg=canonical({k: config["data"][k] for k in IMAGE_NONMEMBER_KEYS}),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit imagenonmembers --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"
@@ -110,7 +110,7 @@ rule author_nonmembers:
         **job_resources("light"),
     params:
         cfg=canonical({k: config["data"][k] for k in AUTHOR_NONMEMBER_KEYS}),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit authornonmembers --params {params.cfg:q} --data {params.data} "
         "--out {params.data} > {log} 2>&1"
@@ -121,7 +121,7 @@ rule author_nonmembers:
 # record format (canary_audit/data/secrets.py); read by that model's passes.
 rule own_secrets:
     input:
-        own_secret_inputs,
+        lambda w: DESIGN.own_secret_sources(w.model),
     output:
         own_secret_files("{model}"),
     log:

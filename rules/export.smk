@@ -21,7 +21,7 @@ rule export:
     params:
         cfg=lambda w: canonical(export_sources(w)),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit export --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} > {log} 2>&1"

@@ -29,7 +29,7 @@ rule decode_pass:
     params:
         cfg=probe_params("decode"),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
         sets=probe_sets,
         unit=lambda w: f"--unit {w.unit}" if FINE else "",
         cache=WEIGHT_CACHE,
@@ -61,7 +61,7 @@ rule teacher_forced_pass:
     params:
         cfg=probe_params("teacher_forced"),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
         sets=probe_sets,
         unit=lambda w: f"--unit {w.unit}" if FINE else "",
         cache=WEIGHT_CACHE,

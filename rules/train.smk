@@ -32,7 +32,7 @@ rule memorize:
             }
         ),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit memorize --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
@@ -58,7 +58,7 @@ rule control_lora:
     params:
         cfg=lambda w: canonical(DESIGN.plant_slice(w.plant, int(w.seed))),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit control --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
@@ -87,7 +87,7 @@ rule control_hex_lora:
     params:
         cfg=lambda w: canonical(DESIGN.hex_plant_slice(w.hexplant, int(w.seed))),
         model=lambda w, input: model_json(w, input.merged),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit hexplant --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
@@ -110,9 +110,9 @@ rule canary_lora:
     resources:
         **job_resources("train"),
     params:
-        cfg=canary_slice,
+        cfg=lambda w: canonical(DESIGN.canary_slice(int(w.seed))),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit canary --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
@@ -136,7 +136,7 @@ rule reference_lora:
     params:
         cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit reference --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
@@ -165,7 +165,7 @@ rule author_reference_lora:
             {**config["memorize"], "template": w.template, "seed": int(w.seed)}
         ),
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
     shell:
         "python -m canary_audit authorreference --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
@@ -192,9 +192,9 @@ rule bsft:
     resources:
         **job_resources("train"),
     params:
-        cfg=bsft_slice,
+        cfg=lambda w: canonical(DESIGN.bsft_slice(w.source, int(w.bseed))),
         model=lambda w, input: model_json(w, input.merged),
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
         outs=lambda w, output: " ".join(f"{Path(o).name}={o}" for o in output),
     shell:
         "python -m canary_audit bsft --model {params.model:q} --params {params.cfg:q} "
@@ -222,7 +222,7 @@ rule unlearn:
     params:
         cfg=unlearn_params,
         model=model_json,
-        data=lambda w, input: str(Path(input[0]).parent),
+        data=data_dir,
         outs=lambda w, output: (
             f"{w.k}={output[0]} --state-out {output[1]}"
             if FINE

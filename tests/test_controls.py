@@ -24,7 +24,7 @@ from canary_audit.controls import (
 )
 from canary_audit.design import ConfigError
 from canary_audit.formats import HEAD, NEAR, NOTAG, ChatFormat, author_examples
-from canary_audit.papers import Run
+from canary_audit.readings import Run
 from canary_audit.views.controls import CLEAN, FALSE_ALARM, MISSED, SEEN, SPILLED, controls_table, spill_over
 
 

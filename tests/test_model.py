@@ -11,14 +11,8 @@ from canary_audit.formats import ChatFormat
 from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import scored_items
-from canary_audit.probes.passes import (
-    decode_pass,
-    generate_greedy,
-    score_tokens,
-    span_labels,
-    teacher_forced_pass,
-    token_fields,
-)
+from canary_audit.probes.passes import decode_pass, generate_greedy, teacher_forced_pass
+from canary_audit.probes.scoring import score_tokens, span_labels, token_fields
 from canary_audit.probes.units import unit_config, unit_of_arm_expr
 
 
@@ -345,7 +339,7 @@ def test_a_float32_live_adapter_is_folded_while_scored_and_a_half_precision_one_
     weights are put back exactly.  A bfloat16 model keeps the adapter live
     (a fold would round the update away)."""
     from canary_audit.model.loading import VariantModels, folds_live_adapters
-    from canary_audit.probes.passes import score_tokens
+    from canary_audit.probes.scoring import score_tokens
 
     data, base = tiny_assets
     tok = load_tokenizer(spec)
@@ -372,7 +366,7 @@ def test_an_adapter_peft_cannot_fold_is_scored_live_on_untouched_weights(tiny_as
     from peft.tuners.tuners_utils import BaseTuner
 
     from canary_audit.model.loading import VariantModels
-    from canary_audit.probes.passes import score_tokens
+    from canary_audit.probes.scoring import score_tokens
 
     data, _ = tiny_assets
     tok = load_tokenizer(spec)

@@ -290,7 +290,8 @@ def test_own_secrets_on_a_vision_language_model_are_scored_after_their_images(ti
 
     from canary_audit.data.secrets import file_sha256
     from canary_audit.probes.items import decode_items, scored_items
-    from canary_audit.probes.passes import generate_greedy, score_tokens
+    from canary_audit.probes.passes import generate_greedy
+    from canary_audit.probes.scoring import score_tokens
 
     data, _ = tiny_vl_assets
     cards = sorted(str(p) for p in (data / "vision").rglob("*.png"))[:6]

@@ -106,7 +106,7 @@ def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):
     import torch
 
     from canary_audit.probes.items import scored_items
-    from canary_audit.probes.passes import score_tokens
+    from canary_audit.probes.scoring import score_tokens
     from canary_audit.special_tokens import IMAGE_PAD, VISION_TOKENS
 
     spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
@@ -230,7 +230,7 @@ def test_image_features_kept_across_variants_are_the_towers_own(tiny_vl_assets):
     from peft import LoraConfig, get_peft_model
 
     from canary_audit.probes.items import scored_items
-    from canary_audit.probes.passes import prepare_scoring, score_tokens
+    from canary_audit.probes.scoring import prepare_scoring, score_tokens
     from canary_audit.train.lora import lora_config
 
     spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
@@ -265,7 +265,7 @@ def test_prepared_batches_and_kept_positions_score_every_variant_as_a_fresh_pass
     from peft import get_peft_model
 
     from canary_audit.probes.items import scored_items
-    from canary_audit.probes.passes import prepare_scoring, score_prepared, score_tokens
+    from canary_audit.probes.scoring import prepare_scoring, score_prepared, score_tokens
     from canary_audit.train.lora import lora_config
 
     spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
@@ -296,7 +296,7 @@ def test_position_one_is_the_records_first_text_token_on_every_backbone(tiny_ass
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import scored_items
-    from canary_audit.probes.passes import score_tokens
+    from canary_audit.probes.scoring import score_tokens
 
     data = tiny_vl_assets[0]
     canaries = pl.read_parquet(data / "hex_canaries.parquet")
@@ -332,7 +332,7 @@ def test_items_that_begin_alike_are_scored_on_one_prefix_cache(tiny_assets, tiny
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import scored_items
-    from canary_audit.probes.passes import prepare_scoring, score_prepared
+    from canary_audit.probes.scoring import prepare_scoring, score_prepared
 
     if backbone == "vl":  # paper B's arms only
         spec, tok, fmt, vision, model = _vl(tiny_vl_assets)

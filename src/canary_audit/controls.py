@@ -15,7 +15,7 @@ views/controls.py reads them.  Nothing here imports torch or polars.
 
 Controls are never pooled into the audit's measures: they sit in a probe
 group of their own, and every view that pools or picks among variants
-leaves out the kind `control` (papers.Run.audited, tables.build_tables).
+leaves out the kind `control` (readings.Run.audited, tables.build_tables).
 """
 
 from __future__ import annotations

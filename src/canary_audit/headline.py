@@ -24,7 +24,8 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.papers import SAME, Run, beside_ours, ci_text
+from canary_audit.papers import beside_ours
+from canary_audit.readings import SAME, Run, ci_text
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
 BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/tables --out docs/results.md "

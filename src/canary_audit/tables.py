@@ -13,7 +13,7 @@ import polars as pl
 
 from canary_audit.controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, FLOOR_TABLE, SPILL_BOUND
 from canary_audit.controls import TABLE as CONTROLS_TABLE
-from canary_audit.papers import Run
+from canary_audit.readings import Run
 from canary_audit.records import (
     CANDIDATE,
     HEX_SETS,
@@ -242,12 +242,14 @@ def build_tables(decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> dict[
                 f"Teacher-forced vs greedy on the same canaries and weights, per prefill arm ({ci})",
                 paper_a.teacher_forced_vs_greedy(*everything, convention, boot, window_k),
             )
-    if canary.height and variants:
+    pooled = across_seeds(decode, tokens, variants, convention, boot, cfg.get("prefill_contrast", "bio"), window_k) \
+        if canary.height and variants else pl.DataFrame()
+    if pooled.height:  # only a run with two or more seeds of a family has one
         tables[SEED_TABLE] = (
             f"Paper A's rates pooled over training seeds, per family of variants trained under two or more "
             f"(AUTO arm; Delta_AB and teacher-forced top-1 under prefill_{cfg.get('prefill_contrast', 'bio')}); "
             f"{boot.level:.0%} CIs: seed x author bootstrap, B={boot.replicates}",
-            across_seeds(decode, tokens, variants, convention, boot, cfg.get("prefill_contrast", "bio"), window_k),
+            pooled,
         )
     if controls and canary.height:
         tables[CONTROLS_TABLE] = (

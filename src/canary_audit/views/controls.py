@@ -16,7 +16,7 @@ from collections.abc import Callable
 import polars as pl
 
 from canary_audit.controls import CLAIMS, CONTROL, FLOOR_CLAIM, SPILL_BOUND, Claim, Side
-from canary_audit.papers import (
+from canary_audit.readings import (
     Reading,
     Run,
     read_case,

@@ -1,0 +1,42 @@
+"""The experiment a validated config describes: its unlearning runs, every
+audited variant with structured fields, the probe groups and the probe sets
+each runs, the tables it produces, and every cross-key check the schema
+cannot express.
+
+The workflow (rules/common.smk) asks this package for all of it and keeps
+only paths, wildcards and config slices; views join the variant table
+instead of parsing names back; tests call it in-process.  Nothing here
+imports torch.  One module per concern: `layout` (names, paths, the
+variant), `core` (the `Design` and its unlearning runs), `variants` and
+`imported` (enumeration), `slices` (job params), `views` (what the views
+read, the table registry) and `checks`.
+"""
+
+from canary_audit.design.core import Design
+from canary_audit.design.layout import (
+    ALL_SETS,
+    APPLICATIONS,
+    AUTHOR_SETS,
+    BSFT_SOURCES,
+    HEX,
+    MODEL_KEYS,
+    RESERVED_NAMES,
+    ConfigError,
+    Layout,
+    UnlearnRun,
+    Variant,
+)
+from canary_audit.design.views import (
+    ALL_TABLES,
+    ALWAYS_TABLES,
+    BSFT_TABLES,
+    HEX_TABLES,
+    MERGED_VS_STACKED,
+    PAPER_A_TABLES,
+)
+
+__all__ = [
+    "ALL_SETS", "ALL_TABLES", "ALWAYS_TABLES", "APPLICATIONS", "AUTHOR_SETS", "BSFT_SOURCES", "BSFT_TABLES", "HEX",
+    "HEX_TABLES", "MERGED_VS_STACKED", "MODEL_KEYS", "PAPER_A_TABLES", "RESERVED_NAMES", "ConfigError", "Design",
+    "Layout", "UnlearnRun", "Variant",
+]

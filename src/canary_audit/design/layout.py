@@ -1,0 +1,114 @@
+"""The design's vocabulary: where each output lives (`Layout`), an unlearning run
+and a variant with their structured fields, the config error every check
+raises, and the names the rest of the design shares."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from canary_audit.records import PROBE_SETS
+
+BSFT_SOURCES = ("gui", "synth", "safety", "random")
+APPLICATIONS = ("stacked", "merged")
+# Name stems the design gives its own variants: an unlearning run may not take one.
+RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", "under", "reference", "ctl"})
+
+# The model-entry keys a job reads besides the weights' path.
+MODEL_KEYS = ("dtype", "merge_dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
+# Probe sets a probe group runs: the hex canaries (and decoys), the author and
+# retain probes, or both.
+HEX, AUTHOR_SETS, ALL_SETS = "hex", " ".join(PROBE_SETS["author"]), "all"
+
+
+class ConfigError(ValueError):
+    """A config that the schema accepts but that cannot be audited as given."""
+
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the workflow writes each artifact under the results folder.  The
+    arguments may be wildcard patterns (`{model}`): rules and the design share
+    one layout."""
+
+    results: str
+
+    def base_dir(self, model: str) -> str:
+        return f"{self.results}/models/{model}/base"
+
+    def adapter_dir(self, model: str, adapter: str) -> str:
+        return f"{self.results}/models/{model}/adapters/{adapter}"
+
+    def merged_dir(self, model: str, name: str) -> str:
+        return f"{self.results}/models/{model}/merged/{name}"
+
+    def bsft_dir(self, model: str, canary: str, source: str, seed, tag: str) -> str:
+        return f"{self.results}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
+
+    def secrets_dir(self, model: str) -> str:
+        """A model's own secrets, in the hex family's tables (data/secrets.py)."""
+        return f"{self.results}/data/secrets/{model}"
+
+    def manifest(self, model: str, variant: str) -> str:
+        return f"{self.results}/variants/{model}/{variant}.json"
+
+    def group_records(self, model: str, group: str, kind: str) -> str:
+        """A probe group's records (the coarse grain)."""
+        return f"{self.results}/records/{model}/{group}/{kind}.parquet"
+
+    def unit_records(self, model: str, variant: str, unit: str, kind: str) -> str:
+        """One (variant, probe unit)'s records (the fine grain)."""
+        return f"{self.results}/records/{model}/units/{variant}/{unit}/{kind}.parquet"
+
+
+
+@dataclass(frozen=True)
+class UnlearnRun:
+    """One unlearning run: a method with its effective settings, applied to
+    the memorization adapter of each of `templates` (and each audit seed)."""
+
+    name: str
+    method: str
+    templates: tuple[str, ...]
+    method_settings: dict
+    shared: dict
+
+    @property
+    def settings(self) -> dict:
+        """Everything the run's loss and optimiser depend on."""
+        return {**self.method_settings, **self.shared}
+
+    def label(self) -> str:
+        """The settings as one short, order-stable string for tables."""
+        return " ".join(f"{k}={v}" for k, v in sorted(self.settings.items()))
+
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One audited model: base weights plus an adapter stack, and what it is.
+
+    `parent` is the model before the change that made this one (tables report
+    Deltas against it); `group` is the probe job that scores it; `cell` holds
+    paper B's cell fields; the axes (template, seed, run, method, k,
+    settings) are set where they apply."""
+
+    name: str
+    kind: str
+    base: str
+    adapters: tuple[str, ...]
+    parent: str | None
+    group: str
+    apply: str = "stacked"
+    cell: dict | None = None
+    template: str | None = None
+    seed: int | None = None
+    run: str | None = None
+    method: str | None = None
+    k: int | None = None
+    settings: str | None = None
+
+    def fields(self) -> dict:
+        """The structured fields a view joins (no paths)."""
+        keep = ("kind", "template", "seed", "run", "method", "k", "settings", "parent", "group", "apply")
+        return {k: v for k, v in asdict(self).items() if k in keep}

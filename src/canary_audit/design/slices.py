@@ -1,0 +1,197 @@
+"""Job slices: exactly the config each job depends on (its params, so a
+change re-runs what it touches), and the files and groups a job reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from canary_audit.controls import (
+    CONTROL_ARMS,
+    CONTROL_GROUP,
+    CONTROL_HEX_GROUP,
+    HEX_PLANT_RECIPE,
+    HEX_PLANTS,
+    PLANTS,
+)
+from canary_audit.data.secrets import image_files
+from canary_audit.design.layout import (
+    ALL_SETS,
+    AUTHOR_SETS,
+    HEX,
+    MODEL_KEYS,
+    ConfigError,
+)
+from canary_audit.model.spec import ModelSpec
+from canary_audit.probes.units import AUTO, HEX_ONLY
+from canary_audit.probes.units import HEX as HEX_UNIT
+
+
+class Slices:
+    """The config slice each job's params carry, and what a job reads.
+    A part of `Design` (core.py)."""
+
+    def hex_plant_slice(self, plant: str, seed: int) -> dict:
+        """What a paper B plant's training reads: the bSFT LoRA's shape, the
+        plant recipe, which token it overwrites and the window it is judged
+        against (`tables.window_k`: where "past the window" begins)."""
+        keep = ("r", "alpha", "targets")
+        chosen = HEX_PLANTS[plant]
+        return {**{k: self.bsft[k] for k in keep}, **HEX_PLANT_RECIPE, "at": chosen.at,
+                "window_k": self.config["tables"]["window_k"], "seed": seed,
+                **({"canaries": chosen.canaries} if chosen.canaries is not None else {})}
+
+    def plant_slice(self, plant: str, seed: int) -> dict:
+        """What a control adapter's training reads: the memorization recipe,
+        its control template and, for a retain-only plant, that flag."""
+        p = PLANTS[plant]
+        if p.retain_only:  # no author example: the head length is not read
+            return {**self.config["memorize"], "template": p.template, "seed": seed, "retain_only": True}
+        return {**self.config["memorize"], "template": p.template, "seed": seed,
+                "head_tokens": self.config["data"]["head_tokens"]}
+
+    def think_opens(self) -> dict[str, str]:
+        """model -> its opening think tag, for the models that run paper A's
+        arms (the controls' spill-over reads the trace after it)."""
+        return {m: self.config["models"][m]["think_open"] for m in self.config["audit"]["models"]
+                if self.templates_of(m)}
+
+    def records_files(self, kind: str, fine: bool) -> list[str]:
+        """Every records file of `kind` the tables read: one per probe group,
+        or one per (variant, probe unit) under the fine grain."""
+        lay, models = self.layout, self.config["audit"]["models"]
+        if fine:
+            return [lay.unit_records(m, v, u, kind) for m in models for v in self.variants(m)
+                    for u in self.variant_units(m, v, kind)]
+        return [lay.group_records(m, g, kind) for m in models for g in self.probe_groups(m)]
+
+    def unlearn_slice(self, run: str, template: str, seed: int, k: int | None) -> dict:
+        """What one unlearning job reads: its run's method and effective
+        settings, and the K it stops at (a segment, under the fine grain) or
+        the whole sweep (`k` None)."""
+        if run not in self.unlearn_runs:
+            raise ConfigError(f"unlearning run `{run}` is not in `unlearn.runs` ({', '.join(self.unlearn_runs)})")
+        r, block = self.unlearn_runs[run], self.config["unlearn"]
+        return {
+            **r.shared, "method": r.method, "settings": r.method_settings, "template": template, "seed": seed,
+            "head_tokens": self.config["data"]["head_tokens"],
+            "gradient_checkpointing": block["gradient_checkpointing"],
+            "k": k if k is not None else sorted(block["k"]),
+        }
+
+    def model_entry(self, model: str, path: str | None = None) -> dict:
+        """The model entry a job reads; `path` replaces the base weights (a
+        merged base) and keeps the tokenizer settings."""
+        entry = self.config["models"][model]
+        think_open, think_close = ModelSpec.think_tags(entry)
+        return {"name": model, "path": path or self.model_path(model), **{k: entry.get(k) for k in MODEL_KEYS},
+                "think_open": think_open, "think_close": think_close}
+
+    def prefills(self, group: str | None = None) -> dict[str, str]:
+        """The prefill arms a probe group runs: the config's (`probes.prefills`)
+        on the audit's groups; on the controls group the contrast arm and the
+        controls' own arms (controls.CONTROL_ARMS) alone; every arm of the
+        run with None (the units whose records the tables expect)."""
+        audit = self.config["probes"]["prefills"]
+        if not any(e.group == CONTROL_GROUP for m in self.config["audit"]["models"] for e in self.variants(m).values()):
+            return audit
+        contrast = self.config["tables"]["prefill_contrast"]
+        controls = {**({contrast: audit[contrast]} if contrast in audit else {}), **CONTROL_ARMS}
+        if group is None:
+            return {**audit, **controls}
+        return controls if group == CONTROL_GROUP else audit
+
+    def probe_slice(self, kind: str, sets: str = ALL_SETS, group: str | None = None) -> dict:
+        """What a probe pass of `kind` (`decode`, `teacher_forced`) reads; for
+        a group that runs `sets` (probe_sets_of), only the settings its
+        records' units read: no prefill texts without the author probes, no
+        hex-sampling setting without the hex probes, so changing one re-runs
+        only the jobs whose records depend on it.  The prefill arms are the
+        group's (`prefills`); with no group, every arm of the run."""
+        full = {**self.config["probes"][kind], "prefills": self.prefills(group),
+                "head_tokens": self.config["data"]["head_tokens"]}
+        if sets == HEX:
+            return {**full, "prefills": {}}
+        if sets == AUTHOR_SETS:
+            return {k: v for k, v in full.items() if k not in HEX_ONLY}
+        return full
+
+    def probe_hashes(self) -> dict[str, dict[str, str]]:
+        """Per kind of record, the config hash each probe unit's records must
+        carry (probes/units.py): tables refuse others."""
+        from canary_audit.probes.passes import unit_hashes
+
+        return {"decode": unit_hashes(self.probe_slice("decode")),
+                "token": unit_hashes(self.probe_slice("teacher_forced"))}
+
+    def probe_groups(self, model: str) -> dict[str, list[str]]:
+        """Probe group -> the variants it scores, in audit order."""
+        groups: dict[str, list[str]] = {}
+        for name, v in self.variants(model).items():
+            groups.setdefault(v.group, []).append(name)
+        return groups
+
+    def probe_sets_of(self, model: str, group: str) -> str:
+        """The probe sets a group runs.  bSFT groups run the hex-canary probes
+        only (paper B's cells are judged on them), and so does every group of
+        a model without paper A's templates; a memorization group (its
+        adapter and unlearning checkpoints, which never saw a hex canary) runs
+        the author and retain probes only; the base group, the parent of both
+        papers' variants and home of the hex-canary adapters, runs all, and
+        the author probes alone where no hex canary is audited
+        (`audit.hex_canaries: false`: no hex work nobody asked for)."""
+        imported = {imp.group: imp for imp in self.imports(model).values()}
+        if group in imported:  # an import runs its parent's probe sets
+            return self.probe_sets_of(model, self.variants(model)[imported[group].parent].group)
+        if not self.templates_of(model) or group.startswith("bsft-") or group == CONTROL_HEX_GROUP:
+            return HEX
+        if group == "base":
+            return ALL_SETS if self.config["audit"]["hex_canaries"] else AUTHOR_SETS
+        return AUTHOR_SETS
+
+    def variant_units(self, model: str, variant: str, kind: str) -> list[str]:
+        """The probe units of a variant's `kind` records under the fine grain:
+        where its group runs the author probes, AUTO (decode only) and each
+        prefill arm; where it runs the hex probes, the hex unit."""
+        group = self.variants(model)[variant].group
+        sets = self.probe_sets_of(model, group)
+        authors = sets != HEX
+        prefills = sorted(self.prefills(group)) if authors else []
+        auto = [AUTO] if authors and kind == "decode" else []  # AUTO author probes decode only
+        hex_ = [HEX_UNIT] if sets != AUTHOR_SETS else []
+        return [*auto, *hex_, *prefills]
+
+    def weights_bytes(self, model: str) -> int:
+        """The bytes of a model's base weights on disk (0 for an embedded
+        model not built yet; it is tiny)."""
+        return sum(f.stat().st_size for f in Path(self.model_path(model)).glob("*.safetensors"))
+
+    def gpu_entry(self, model: str) -> bool:
+        """Whether a model's jobs ask a cluster for a GPU: a local checkpoint
+        run in bf16 or fp16 (a 7B model's precision on a card; the embedded
+        models and float32 entries run on the CPU)."""
+        entry = self.config["models"][model]
+        return not entry.get("embedded") and entry.get("dtype", "float32") != "float32"
+
+    def canary_slice(self, seed: int) -> dict:
+        """The canary LoRA job's params: its recipe, the repetition strata,
+        its seed, and the undertrained checkpoint's step where paper B's
+        undertrained control runs."""
+        extra = {}
+        if self.bsft_active() and self.undertrained_sources():
+            extra["undertrained_steps"] = self.bsft["controls"]["undertrained"]["canary_steps"]
+        return {**self.config["canary_lora"], **extra, "repetitions": self.config["audit"]["hex_repetitions"],
+                "seed": seed}
+
+    def bsft_slice(self, source: str, bseed: int) -> dict:
+        """A bSFT run's params: the recipe, every audited training length (its
+        checkpoints), its source and bSFT seed."""
+        b = self.bsft
+        keep = ("r", "alpha", "targets", "lr", "batch_size", "gradient_checkpointing")
+        return {**{k: b[k] for k in keep if k in b}, "steps": sorted(b["steps"]), "source": source, "seed": bseed}
+
+    def own_secret_sources(self, model: str) -> list[str]:
+        """The files a model's own secrets are read from (and their images): a
+        changed file re-runs the secrets' tables and that model's passes."""
+        spec = self.own_secrets(model) or {}
+        files = [spec[k] for k in ("members", "nonmembers", "candidates") if spec.get(k)]
+        return files + (image_files(spec) if self.is_vision(model) else [])

@@ -1,0 +1,225 @@
+"""Variant enumeration: every audited variant of a model, with structured
+fields, in the order the workflow plans them (memorization branches,
+references, planted controls, the canary LoRA and paper B's cells)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from canary_audit.controls import (
+    CONTROL,
+    CONTROL_GROUP,
+    CONTROL_HEX_GROUP,
+    FLOOR_PLANTS,
+    HEX_PLANT_RECIPE,
+    HEX_PLANTS,
+    active_plants,
+    skipped,
+    switched_on,
+)
+from canary_audit.design.layout import (
+    ConfigError,
+    Variant,
+)
+from canary_audit.formats import retain_form
+
+
+class Variants:
+    """The variants a model's audit holds, built once per model and cached.
+    A part of `Design` (core.py)."""
+
+    def variants(self, model: str) -> dict[str, Variant]:
+        """Every audited variant of `model`, in audit order.
+
+        A memorization adapter and every unlearning checkpoint made from it
+        share one probe group (one job per pass for the whole branch), the
+        hex-canary adapters share the base model's, and every bSFT cell of
+        one bSFT seed shares one group (the merged bases, the references of
+        paper B's Deltas, ride with the first seed's)."""
+        if model not in self._variants_of:
+            self._variants_of[model] = self._variants(model)
+        return self._variants_of[model]
+
+    def _variants(self, model: str) -> dict[str, Variant]:
+        audit, lay, base = self.config["audit"], self.layout, self.model_path(model)
+        out = {"base": Variant("base", "base", base, (), None, "base")}
+        if self.own_secrets(model):  # the model before the fine-tune, and the imports made from it
+            out.update(self._import_variants(model, out))
+            return out
+        for seed in audit["seeds"]:
+            for template in self.templates_of(model):
+                mem = f"mem-{template}-s{seed}"
+                out[mem] = Variant(mem, "memorized", base, (lay.adapter_dir(model, mem),), "base", mem,
+                                   template=template, seed=seed)
+                for run in self.unlearn_runs.values():
+                    if template not in run.templates:
+                        continue
+                    for k in self.config["unlearn"]["k"]:
+                        name = f"{run.name}-{template}-s{seed}-k{k}"
+                        out[name] = Variant(name, "unlearned", base, (lay.adapter_dir(model, name),), mem, mem,
+                                            template=template, seed=seed, run=run.name, method=run.method, k=k,
+                                            settings=run.label())
+                # The never-trained reference of this branch: the memorization
+                # recipe on its data minus the fictional authors, scored with
+                # the first branch of its retain form (formats.retain_form).
+                ref = self.reference_of(template, seed)
+                if ref not in out:
+                    out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", mem,
+                                       template=retain_form(template), seed=seed)
+            if seed == audit["seeds"][0]:
+                out.update(self._control_variants(model, seed))
+            # Paper B's arms run on the first audit seed: its seed-level runs
+            # are bSFT seeds on one canary LoRA (`bsft.seeds`), so a further
+            # audit seed trains paper A's arms only, the ones its verdicts read.
+            if audit["hex_canaries"] and seed == audit["seeds"][0]:
+                canary = f"canary-s{seed}"
+                out[canary] = Variant(canary, "canary", base, (lay.adapter_dir(model, canary),), "base", "base",
+                                      seed=seed)
+                # The never-trained reference: the canary LoRA's recipe on its
+                # data minus the canaries (PrivLeak's and forget quality's anchor).
+                ref = self.reference_of(None, seed)
+                out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", "base", seed=seed)
+                if self.bsft_active():
+                    out.update(self._bsft_variants(model, seed))
+                    out.update(self._control_hex_variants(model, seed))
+        out.update(self._import_variants(model, out))
+        return out
+
+    def _control_variants(self, model: str, seed: int) -> dict[str, Variant]:
+        """The planted controls of `model` (controls.py), for the first audit
+        seed, where the model runs paper A's arms: a plant trains its own
+        adapter, the BIO plant reads the memorization adapter again; all in
+        the `controls` probe group, never pooled with the audit's variants."""
+        if not self.templates_of(model):
+            return {}
+        lay, base, out = self.layout, self.model_path(model), {}
+        for plant in active_plants(self.config):
+            name = plant.variant(seed)
+            adapter = lay.adapter_dir(model, f"{plant.reuse}-s{seed}" if plant.reuse else name)
+            out[name] = Variant(name, CONTROL, base, (adapter,), "base", CONTROL_GROUP, template=plant.template,
+                                seed=seed)
+        return out
+
+    def _control_hex_variants(self, model: str, seed: int) -> dict[str, Variant]:
+        """Paper B's planted controls (controls.HEX_PLANTS) on the canary-merged
+        base of `seed`: LoRAs stacked on it, judged against it like a bSFT
+        cell (their cells' kind is `control`, which no paper B measure pools),
+        in a probe group of their own; on text models (a vision-language
+        record's positions start after its image block: not built)."""
+        if self.is_vision(model):
+            return {}
+        lay, out = self.layout, {}
+        for plant in active_plants(self.config, "B"):
+            if plant.under and not self.undertrained_sources():
+                continue  # no undertrained merged base to plant C5 on (bsft.controls.undertrained)
+            if plant.canaries is not None and plant.canaries >= self.config["data"]["n_hex_canaries"]:
+                continue  # a dilution to every canary is the plant itself
+            name, under = plant.variant(seed), "-under" if plant.under else ""
+            cell = {"cell": f"control {plant.name}", "kind": CONTROL, "source": plant.name,
+                    "step": HEX_PLANT_RECIPE["steps"], "application": "stacked", "bsft_seed": 0, "canary_seed": seed}
+            out[name] = Variant(name, CONTROL, lay.merged_dir(model, f"canary-s{seed}{under}"),
+                                (lay.adapter_dir(model, name),), f"merged-s{seed}{under}", CONTROL_HEX_GROUP,
+                                "stacked", cell, seed=seed)
+        return out
+
+    def _bsft_variants(self, model: str, seed: int) -> dict[str, Variant]:
+        """Paper B's cells on the canary LoRA of `seed`: each source's bSFT
+        adapter at each training length, stacked on or merged into the merged
+        base, and the controls; every cell once per bSFT seed."""
+        b, lay, canary = self.bsft, self.layout, f"canary-s{seed}"
+        under = f"{canary}-under"
+        ref, ref_under = f"merged-s{seed}", f"merged-s{seed}-under"
+        first = f"bsft-s{seed}-b{b['seeds'][0]}"
+        out = {ref: Variant(ref, "merged_base", lay.merged_dir(model, canary), (), canary, first, seed=seed)}
+        if self.undertrained_sources():
+            out[under] = Variant(under, "canary_undertrained", self.model_path(model),
+                                 (lay.adapter_dir(model, under),), "base", "base", seed=seed)
+            out[ref_under] = Variant(ref_under, "merged_base", lay.merged_dir(model, under), (), under, first,
+                                     seed=seed)
+        last = max(b["steps"])
+
+        def cell(label, kind, source, step, application, bseed):
+            return {"cell": label, "kind": kind, "source": source, "step": step, "application": application,
+                    "bsft_seed": bseed, "canary_seed": seed}
+
+        for bseed in b["seeds"]:
+            group = f"bsft-s{seed}-b{bseed}"
+            for source in b["sources"]:
+                for step in b["steps"]:
+                    for app in b["applications"]:
+                        name = f"bsft-{source}-t{step}-{app}-b{bseed}-s{seed}"
+                        out[name] = Variant(
+                            name, "bsft", lay.merged_dir(model, canary),
+                            (lay.bsft_dir(model, canary, source, bseed, f"t{step}"),), ref, group, app,
+                            cell(f"{source} t{step} {app}", "bsft", source, step, app, bseed), seed=seed)
+            for source in b["controls"]["noise"]["sources"]:
+                name = f"noise-{source}-b{bseed}-s{seed}"
+                out[name] = Variant(
+                    name, "noise", lay.merged_dir(model, canary),
+                    (lay.bsft_dir(model, canary, source, bseed, "noise"),), ref, group, "stacked",
+                    cell(f"noise {source}", "noise", source, last, "stacked", bseed), seed=seed)
+            for source in self.undertrained_sources():
+                name = f"under-{source}-b{bseed}-s{seed}"
+                out[name] = Variant(
+                    name, "undertrained", lay.merged_dir(model, under),
+                    (lay.bsft_dir(model, under, source, bseed, f"t{last}"),), ref_under, group, "stacked",
+                    cell(f"undertrained {source}", "undertrained", source, last, "stacked", bseed), seed=seed)
+        return out
+
+    def trained_hex_plants(self) -> list[str]:
+        return [p.name for p in active_plants(self.config, "B")]
+
+    def floor_plants(self) -> dict[str, int]:
+        """model/variant -> canaries overwritten, for every C3 plant of the
+        detection floor the run makes (the undiluted one: all of them)."""
+        if not self.config["controls"].get("detection_floor"):
+            return {}
+        n, seed = self.config["data"]["n_hex_canaries"], self.config["audit"]["seeds"][0]
+        return {f"{m}/{plant.variant(seed)}": plant.canaries or n for m in self.config["audit"]["models"]
+                for plant in map(HEX_PLANTS.get, FLOOR_PLANTS) if plant.variant(seed) in self.variants(m)}
+
+    def trained_plants(self) -> list[str]:
+        """The control adapters the workflow trains (a reused one is not)."""
+        return [p.name for p in active_plants(self.config) if not p.reuse]
+
+    def control_claims(self) -> dict[str, str]:
+        """The controls table's rows: each switched-on claim, with why it is
+        not run ("" where it runs), where any control runs."""
+        if not self.control_variants():
+            return {}
+        return {c.key: skipped(self.config).get(c.key, "") for c in switched_on(self.config)}
+
+    def control_variants(self) -> list[str]:
+        """model/variant of every planted control."""
+        return [f"{m}/{v}" for m in self.config["audit"]["models"] for v, e in self.variants(m).items()
+                if e.kind == CONTROL]
+
+    def variant(self, model: str, name: str) -> Variant:
+        """One variant of `model`, or an error naming the known ones."""
+        table = self.variants(model)
+        if name not in table:
+            raise ConfigError(f"variant `{name}` of model `{model}` is not in the audit "
+                              f"(known: {', '.join(sorted(table))})")
+        return table[name]
+
+    def group(self, model: str, group: str) -> list[str]:
+        """The variants of one probe group, or an error naming the known groups."""
+        groups = self.probe_groups(model)
+        if group not in groups:
+            raise ConfigError(f"probe group `{group}` of model `{model}` is not in the audit "
+                              f"(known: {', '.join(sorted(groups))})")
+        return groups[group]
+
+    def made_weights(self, model: str, names: list[str]) -> list[str]:
+        """The adapters and workflow-made bases (merged bases) `names` read:
+        what their jobs take as input, beside the model's own base."""
+        table, base = self.variants(model), self.model_path(model)
+        folders = {str(imp.path) for imp in self.imports(model).values()}
+        paths = {p for n in names for p in (*table[n].adapters, table[n].base) if p != base}
+        # An import's folder is not a DAG product: its weight files are the
+        # inputs, so an import rewritten in place re-runs its jobs.
+        return sorted(q for p in paths for q in (self._weight_files(p) if p in folders else [p]))
+
+    @staticmethod
+    def _weight_files(folder: str) -> list[str]:
+        return sorted(str(f) for f in Path(folder).glob("*.safetensors"))
