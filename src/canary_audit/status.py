@@ -7,15 +7,26 @@ and, for every job still running, the last progress line of that job's log
 (training `step 120/300 ... eta 14s`, a probe pass `variant 3/7 ... (eta
 20s)`), and estimates the time left from what the finished jobs of each rule
 took, spread over the run's cores (at least the longest ETA a running job
-reports for itself).  It starts nothing and never touches the run.
+reports for itself).  A rule none of whose jobs has finished yet is
+estimated from the typical seconds per job the package ships
+(`job_seconds.json`, measured on a default run of a 2-core machine), scaled
+by how fast this machine ran the jobs that did finish.  It starts nothing
+and never touches the run.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+
+# Typical seconds per job of each rule (package data, and where they come from).
+TYPICAL = Path(__file__).with_name("job_seconds.json")
+# The views, run one after the other once every record exists: nothing runs
+# beside them, so their time is not spread over the cores.
+TAIL = ("tables", "plots", "summary")
 
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 START = re.compile(r"^(?:local)?rule (\w+):$")
@@ -116,28 +127,55 @@ def last_progress(log: Path) -> str:
     return ""
 
 
-def remaining_seconds(run: Run) -> tuple[float, int]:
-    """Seconds the jobs not yet finished should take, over the run's cores:
+def typical_seconds(path: Path | None = None) -> tuple[dict[str, float], float]:
+    """Seconds per job of each rule on the machine the table was measured
+    on, and the share of its cores that run kept busy (its job seconds over
+    wall seconds and cores: Snakemake cannot keep every core busy while one
+    job holds the critical path); ({}, 1.0) without the table."""
+    path = path or TYPICAL
+    if not path.is_file():
+        return {}, 1.0
+    table = json.loads(path.read_text())
+    return table["rules"], float(table.get("efficiency", 1.0))
+
+
+def remaining_seconds(run: Run) -> tuple[float, float, int]:
+    """Seconds the jobs not yet finished should take, over the run's cores
+    (at the share of them the typical run kept busy; the views at the end,
+    `TAIL`, one after the other):
     each rule's mean duration so far times its jobs left (running ones
-    counted at the part of the mean still ahead); and how many jobs left
-    belong to rules with no finished job to time."""
+    counted at the part of the mean still ahead); a rule with no finished
+    job at its `typical` seconds times this machine's speed (the finished
+    jobs' seconds against their rules' typical ones).  Returns the total,
+    the part of it that rests on typical durations, and how many jobs left
+    have neither a finished job nor a typical duration."""
+    typical, efficiency = typical_seconds()
+    cores = max(run.cores, 1) * efficiency
     done: dict[str, list[float]] = {}
     for job in run.jobs.values():
         if job.finished is not None:
             done.setdefault(job.rule, []).append((job.finished - job.started).total_seconds())
-    left, untimed = 0.0, 0
+    measured = sum(sum(v) for r, v in done.items() if r in typical)
+    expected = sum(typical[r] * len(v) for r, v in done.items() if r in typical)
+    speed = min(max(measured / expected, 0.25), 4.0) if expected > 0 else 1.0
+    left, guessed, untimed = 0.0, 0.0, 0
     for rule, count in run.planned.items():
         finished = len(done.get(rule, []))
         if rule == "all" or finished >= count:
             continue
-        if not finished:
+        if finished:
+            mean = sum(done[rule]) / finished
+        elif rule in typical:
+            mean = typical[rule] * speed
+        else:
             untimed += count
             continue
-        mean = sum(done[rule]) / finished
         running = [j for j in run.jobs.values() if j.rule == rule and j.finished is None]
         ahead = sum(max(mean - (run.last - j.started).total_seconds(), 0.0) for j in running)
-        left += mean * (count - finished - len(running)) + ahead
-    return left / max(run.cores, 1), untimed
+        part = (mean * (count - finished - len(running)) + ahead) / (1.0 if rule in TAIL else cores)
+        left += part
+        guessed += part if not finished else 0.0
+    return left, guessed, untimed
 
 
 def report(workdir: Path, now: datetime | None = None) -> str:
@@ -164,8 +202,13 @@ def report(workdir: Path, now: datetime | None = None) -> str:
     if finished:
         lines.append("finished")
     else:
-        left, untimed = remaining_seconds(run)
+        left, guessed, untimed = remaining_seconds(run)
         left = max(left, own_eta)
-        note = f" (+ {untimed} jobs of rules not yet timed)" if untimed else ""
-        lines.append(f"estimated time left: {left:.0f} s{note}")
+        notes = []
+        if guessed:
+            notes.append(f"{guessed:.0f} s of it from typical durations of rules not yet timed here, "
+                         "scaled to this machine: roughly +-1/3")
+        if untimed:
+            notes.append(f"+ {untimed} jobs of rules with no typical duration")
+        lines.append(f"estimated time left: {left:.0f} s" + (f" ({'; '.join(notes)})" if notes else ""))
     return "\n".join(lines)
