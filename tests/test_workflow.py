@@ -240,12 +240,12 @@ def test_warm_start_is_not_a_rerun_trigger(smoke_run):
                                       {"tables": {"mia": {"min_k": 0.5, "fpr": [0.1]}}}])
 def test_view_setting_reruns_tables_only(smoke_run, override):
     jobs = planned_jobs(smoke_run, override)
-    assert set(jobs) <= {"tables", "plots", "all"} and "tables" in jobs
+    assert set(jobs) <= {"tables", "plots", "summary", "all"} and "tables" in jobs
 
 
 def test_decode_setting_reruns_decode_passes_and_tables_only(smoke_run):
     jobs = planned_jobs(smoke_run, {"probes": {"decode": {"max_new_tokens": 40}}})
-    assert set(jobs) == {"decode_pass", "tables", "plots", "all"}
+    assert set(jobs) == {"decode_pass", "tables", "plots", "summary", "all"}
     # probe groups: base (+ canary adapters), mem-bio (+ 4 checkpoints), mem-none, bSFT seed 0, the planted
     # controls; and the vision-language model's base and bSFT seed 0
     assert jobs["decode_pass"] == 5 + 2
