@@ -2,8 +2,10 @@
 (in YAML blocks and in backticks) against the schema, file paths against
 the checkout, `python -m canary_audit` and `snakemake` commands against
 their argument parsers, the reference's table list against the design's
-table registry, variant names against the variants the shipped configs make,
-and config keys named in the code's error messages against the schema.
+table registry, the columns the docs name against the tables a run writes
+(and the records and input files), variant names against the variants the
+shipped configs make, and config keys named in the code's error messages
+against the schema.
 
 `problems(texts)` returns one line per claim that does not hold; the docs
 test asserts it is empty for README.md and docs/*.md, and feeds it wrong
@@ -173,6 +175,17 @@ def command_problems(name: str, text: str) -> Iterator[str]:
                             yield f"{name}: `{line}` names a config file that does not exist: {f}"
 
 
+NAMED_TABLE = re.compile(r"`([a-z_]+)` tables?\b|\btables? `([a-z_]+)`")
+
+
+def named_table_problems(name: str, text: str, tables: set[str]) -> Iterator[str]:
+    """A table the prose names ("the `x` table") is one of the registry."""
+    for m in NAMED_TABLE.finditer(text):
+        table = m.group(1) or m.group(2)
+        if table not in tables:
+            yield f"{name}: table `{table}` is not in the design's table registry"
+
+
 def table_problems(name: str, text: str, tables: set[str]) -> Iterator[str]:
     """Rows of a `| table | ... |` list name tables of the registry, and such
     a list names every table of it."""
@@ -210,13 +223,33 @@ def message_problems(name: str, text: str) -> Iterator[str]:
             yield f"{name}: config key `{'.'.join(path)}` is not in the config schema"
 
 
-def problems(texts: dict[str, str], tables: set[str], variants: set[str]) -> list[str]:
+COLUMN = re.compile(r"`([a-z_0-9]+)` columns?(?: of `([a-z_]+)`)?|columns? `([a-z_0-9]+)`")
+
+
+def column_problems(name: str, text: str, columns: dict[str, set[str]]) -> Iterator[str]:
+    """A column the docs name ("the `x` column", "the `x` column of `t`")
+    exists: in table `t` where one is named, else in some table, record
+    or input file of `columns` (name -> its columns)."""
+    known = set().union(*columns.values()) if columns else set()
+    for m in COLUMN.finditer(text):
+        column, table = m.group(1) or m.group(3), m.group(2)
+        if table and table in columns and column not in columns[table]:
+            yield f"{name}: `{table}` has no column `{column}`"
+        elif column not in known:
+            yield f"{name}: no table, record or input file has a column `{column}`"
+
+
+def problems(texts: dict[str, str], tables: set[str], variants: set[str],
+             columns: dict[str, set[str]] | None = None) -> list[str]:
     out: list[str] = []
     for name, text in texts.items():
         out += config_key_problems(name, text)
         out += path_problems(name, text)
         out += command_problems(name, text)
         out += variant_problems(name, text, variants)
+        out += named_table_problems(name, text, tables)
         if name.endswith("reference.md"):
             out += table_problems(name, text, tables)
+        if columns is not None:
+            out += column_problems(name, text, columns)
     return sorted(set(out))

@@ -41,8 +41,23 @@ def variants() -> set[str]:
     return shipped_variants()
 
 
-def test_the_docs_name_only_what_exists(variants):
-    found = problems(DOCS, set(ALL_TABLES), variants)
+def written_columns(smoke_run) -> dict[str, set[str]]:
+    """The columns of every table the smoke run wrote, of the papers' page,
+    of both record kinds and of a researcher's secrets file."""
+    import polars as pl
+
+    from canary_audit.data.secrets import COLUMNS
+    from canary_audit.papers import beside_ours
+    from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+
+    tables = smoke_run / "results" / "smoke" / "tables"
+    columns = {p.stem: set(pl.read_csv(p, n_rows=0).columns) for p in tables.glob("*.csv") if p.stat().st_size}
+    return {**columns, "papers": set(beside_ours(tables).columns), "decode records": set(DECODE_SCHEMA),
+            "token records": set(TOKEN_SCHEMA), "secrets file": {*COLUMNS, "image"}}
+
+
+def test_the_docs_name_only_what_exists(variants, smoke_run):
+    found = problems(DOCS, set(ALL_TABLES), variants, written_columns(smoke_run))
     assert not found, "\n".join(found)
 
 
@@ -64,7 +79,11 @@ def test_the_codes_messages_name_only_config_keys_that_exist():
     ("```bash\nsnakemake --coresx 2\n```", "does not parse"),
     ("| table | what |\n|---|---|\n| `canary_leak` | x |\n", "table `canary_leak` is not in the design's"),
     ("The BIO reference is `reference-bio-s0`.", "variant `reference-bio-s0` is made by no shipped config"),
+    ("The `k_sweeps` table shows it.", "table `k_sweeps` is not in the design's table registry"),
+    ("Read the `out_accuracy` column.", "no table, record or input file has a column `out_accuracy`"),
+    ("See the `gap` column of `nll`.", "`nll` has no column `gap`"),
 ])
 def test_a_wrong_claim_of_each_kind_is_caught(variants, wrong, expected):
-    found = problems({"docs/reference.md": wrong}, set(ALL_TABLES), variants)
+    columns = {"canary_leakage": {"out_acc", "gap"}, "nll": {"nll_window"}}
+    found = problems({"docs/reference.md": wrong}, set(ALL_TABLES), variants, columns)
     assert any(expected in p for p in found), found
