@@ -71,7 +71,7 @@ def across_seeds(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str,
     prefilled = f"prefill_{contrast}"
     wide = items.pivot(on="arm", index=["variant", "seed", "group_id"], values="out_hit")
     if prefilled in wide.columns:
-        delta = ci(wide.drop_nulls([AUTO, prefilled]), [AUTO, prefilled],
+        delta = ci(wide, [AUTO, prefilled],  # a missing arm is refused by name, as prefill_arms refuses it
                    lambda f: f.with_columns(delta_ab=pl.col(AUTO) - pl.col(prefilled)))
         out = out.join(delta.select("variant", "delta_ab", "delta_ab_lo", "delta_ab_hi"), on="variant", how="left")
         canary_tokens = tokens.filter((pl.col("probe_set") == "canary") & (pl.col("arm") == prefilled)
