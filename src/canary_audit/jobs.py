@@ -22,3 +22,8 @@ MODEL_JOBS = {
     "decode_pass": "decode",
     "teacher_forced_pass": "score",
 }
+
+# The views: one job each, run once every record exists, with little or
+# nothing beside them: `plan` counts them as a stage, `status` does not
+# spread their time over the cores.
+VIEW_JOBS = ("tables", "plots", "summary")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from canary_audit.controls import CONTROL, HEX_PLANT_RECIPE, plant_of
 from canary_audit.design import AUTHOR_SETS, HEX, Design
+from canary_audit.jobs import VIEW_JOBS
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
 # one token each on Qwen's): an author prompt with its prefill, a hex or own
@@ -141,7 +142,7 @@ def job_counts(design: Design) -> dict[str, int]:
         add("variant_manifest", len(design.variants(m)))
     add("decode_pass", len(design.records_files("decode", fine)))
     add("teacher_forced_pass", len(design.records_files("token", fine)))
-    for rule in ("tables", "plots", "summary", "all"):
+    for rule in (*VIEW_JOBS, "all"):
         add(rule)
     return jobs
 
@@ -209,7 +210,7 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
             pre = entry["build"]["pretrain"]
             stages["base"].train_steps += pre["steps"]  # the embedded model's pre-training (CPU-sized)
     stages["manifests"].jobs = jobs.get("variant_manifest", 0)
-    stages["tables"].jobs = sum(jobs.get(r, 0) for r in ("tables", "plots", "summary", "all"))
+    stages["tables"].jobs = sum(jobs.get(r, 0) for r in (*VIEW_JOBS, "all"))
     for model in cfg["audit"]["models"]:
         shape = shapes.get(model)
         n = shape.params if shape else 0.0

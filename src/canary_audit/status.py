@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from canary_audit.jobs import VIEW_JOBS
+
 # Typical seconds per job of each rule (package data, and where they come from).
 TYPICAL = Path(__file__).with_name("job_seconds.json")
-# The views, run one after the other once every record exists: nothing runs
-# beside them, so their time is not spread over the cores.
-TAIL = ("tables", "plots", "summary")
 
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 START = re.compile(r"^(?:local)?rule (\w+):$")
@@ -142,7 +141,7 @@ def typical_seconds(path: Path | None = None) -> tuple[dict[str, float], float]:
 def remaining_seconds(run: Run) -> tuple[float, float, int]:
     """Seconds the jobs not yet finished should take, over the run's cores
     (at the share of them the typical run kept busy; the views at the end,
-    `TAIL`, one after the other):
+    `jobs.VIEW_JOBS`, one after the other):
     each rule's mean duration so far times its jobs left (running ones
     counted at the part of the mean still ahead); a rule with no finished
     job at its `typical` seconds times this machine's speed (the finished
@@ -172,7 +171,7 @@ def remaining_seconds(run: Run) -> tuple[float, float, int]:
             continue
         running = [j for j in run.jobs.values() if j.rule == rule and j.finished is None]
         ahead = sum(max(mean - (run.last - j.started).total_seconds(), 0.0) for j in running)
-        part = (mean * (count - finished - len(running)) + ahead) / (1.0 if rule in TAIL else cores)
+        part = (mean * (count - finished - len(running)) + ahead) / (1.0 if rule in VIEW_JOBS else cores)
         left += part
         guessed += part if not finished else 0.0
     return left, guessed, untimed

@@ -187,7 +187,7 @@ class Slices:
         checkpoints), its source and bSFT seed."""
         b = self.bsft
         keep = ("r", "alpha", "targets", "lr", "batch_size", "gradient_checkpointing")
-        return {**{k: b[k] for k in keep if k in b}, "steps": sorted(b["steps"]), "source": source, "seed": bseed}
+        return {**{k: b[k] for k in keep}, "steps": sorted(b["steps"]), "source": source, "seed": bseed}
 
     def own_secret_sources(self, model: str) -> list[str]:
         """The files a model's own secrets are read from (and their images): a
