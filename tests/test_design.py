@@ -44,6 +44,8 @@ def design_of(*overrides: dict) -> Design:
     ({"probes": {"prefills": {"odd": "{nickname}"}}}, "`probes.prefills.odd` uses unknown field `{nickname}`"),
     ({"probes": {"prefills": {"auto": "x"}}}, "`probes.prefills.auto`: `auto` names the arm where the model writes"),
     ({"probes": {"prefills": {"hex": "x"}}}, "`probes.prefills.hex`: `hex` names the hex probes' unit"),
+    ({"probes": {"kinds": {"ghost": {}}}}, "no probe kind `ghost`; registered: canary, qa, retain"),
+    ({"probes": {"kinds": {"hex": {"depth": 2}}}}, "`probes.kinds.hex`: `hex` takes no setting `depth`"),
     ({"unlearn": {"runs": {"ga": {"method": "ga", "templates": ["meta"]}}}, "audit": {"templates": ["bio", "none"]}},
      "`unlearn.runs.ga.templates` names template `meta`, which is not memorized"),
     ({"tables": {"prefill_contrast": "swap"}}, "`tables.prefill_contrast` is `swap`, which is not a prefill arm"),
@@ -165,7 +167,8 @@ def test_variant_table_of_the_smoke_audit():
     both = design_of({"audit": {"templates": ["bio", "meta", "none"]}})
     assert sorted(v for v in both.variants("tiny") if v.startswith("reference-")) == [
         "reference-meta-s0", "reference-none-s0", "reference-s0"]
-    assert design.table_names()[-6:] == ["mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance"]
+    names = design.table_names()
+    assert {"mia", "blind_baseline", "privacy", "forgetting", "extraction"} <= set(names) and names[-1] == "provenance"
     assert "mia" in design_of({"audit": {"hex_canaries": False, "models": ["tiny"]}}).table_names()
     # no exposure candidates, no exposure table (the tables job could not write it)
     assert "exposure" in design.table_names()
@@ -285,21 +288,50 @@ def test_lookups_name_what_is_known_and_files_follow_the_layout():
 
 
 def test_tables_plots_and_probe_sets_are_each_declared_once():
-    """The tables the views build are the design's table list; every plot has
-    its report caption."""
+    """The tables the views build are the table registry's, in its order;
+    every plot a table names has a figure and a report caption; every probe
+    set a record can carry belongs to one probe kind; and no module outside
+    the registries declares a list of table or probe-set names (where two
+    lists could disagree)."""
+    import ast
+
     import polars as pl
     from test_paper_b import CELLS, PARENTS, decodes, tokens
 
-    from canary_audit.design import ALL_TABLES
-    from canary_audit.plots import PLOTS
-    from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+    from canary_audit.plots import PLOTS, RECORD_PLOTS, TABLE_FIGURES
+    from canary_audit.probes.kinds import probe_kinds
+    from canary_audit.records import DECODE_SCHEMA, PROBE_SETS, TOKEN_SCHEMA
     from canary_audit.tables import build_tables
+    from canary_audit.views.catalog import registry
 
+    names = [t.name for t in registry()]
     built = build_tables(pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 0), schema=DECODE_SCHEMA),
                          pl.DataFrame(tokens("m/ref") + tokens("m/cell", {25: -1.5}), schema=TOKEN_SCHEMA),
                          {"window_k": 20, "parents": PARENTS, "cells": CELLS, "bootstrap": {"replicates": 20}})
-    assert set(built) <= set(ALL_TABLES)
+    assert list(built) == [n for n in names if n in built] and "bsft_matrix" in built
+    assert set(TABLE_FIGURES) == {p for t in registry() for p in t.plots} and set(PLOTS) == {*TABLE_FIGURES,
+                                                                                           *RECORD_PLOTS}
     assert {p.stem for p in (ROOT / "report").glob("*.rst")} >= set(PLOTS)
+    record_sets = [s for kind in probe_kinds() for s in kind.sets]
+    assert len(record_sets) == len(set(record_sets)) and {s for v in PROBE_SETS.values() for s in v} <= set(
+        record_sets)
+    sets = {*record_sets, *(k.name for k in probe_kinds())}
+    registries = {"views/catalog.py", "records.py"}
+    declared = []
+    for path in (ROOT / "src" / "canary_audit").rglob("*.py"):
+        rel = path.relative_to(ROOT / "src" / "canary_audit").as_posix()
+        if rel in registries or rel.startswith("probes/kinds/"):
+            continue
+        for node in ast.parse(path.read_text()).body:  # module-level declarations
+            value = getattr(node, "value", None)
+            if rel == "plots.py" and "TABLE_FIGURES" in ast.unparse(node):
+                continue  # plot names (some equal their table's), held to the registry above
+            if isinstance(value, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+                strings = {e.value for e in ast.walk(value) if isinstance(e, ast.Constant)
+                           and isinstance(e.value, str)}
+                if len(strings & set(names)) >= 2 or len(strings & sets) >= 3:
+                    declared.append(f"{rel}:{node.lineno}")
+    assert not declared, f"lists of table or probe-set names outside the registries: {declared}"
 
 
 def test_a_pass_reads_only_the_populations_it_scores(tiny_assets, tmp_path):

@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from canary_audit.controls import CONTROL, HEX_PLANT_RECIPE, plant_of
-from canary_audit.design import AUTHOR_SETS, HEX, Design
+from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.jobs import VIEW_JOBS
+from canary_audit.probes.kinds import kind_named, resolved_settings
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
 # one token each on Qwen's): an author prompt with its prefill, a hex or own
@@ -171,6 +172,12 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
                 out["greedy_hex"] += images
                 out["scored_hex"] += images * 4 + cands + data["n_hex_nonmembers"]
         out["sampled"] = out["greedy_hex"] * k
+    # The registry's further kinds: their decodes per member, as they declare.
+    members = {"author": data["n_authors"], "hex": out["greedy_hex"]}
+    for name, settings in resolved_settings(probes.get("kinds", {})).items():
+        kind = kind_named(name)
+        if kind.decodes_per_member and (sets == ALL_SETS or sets == kind.family):
+            out[f"greedy_{kind.family}"] += members[kind.family] * kind.decodes_per_member(settings)
     return out
 
 

@@ -7,16 +7,18 @@ draws them all into a folder.  The Agg backend is forced: jobs run headless.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from canary_audit.views.catalog import registry
 from canary_audit.views.metrics import position_deltas
 from canary_audit.views.mia import ATTACKS, item_scores, roc_curve
 
-PLOTS = ("k_sweep", "prefill_arms", "teacher_forced_vs_greedy", "parser_conventions", "delta_nll_positions",
-         "disagreement_matrix", "mia_roc", "dose_response")
+# Plots drawn from the token records, not from a table.
+RECORD_PLOTS = ("delta_nll_positions", "mia_roc")
 VERDICT_COLOURS = {"up": "#d6604d", "down": "#4393c3", "flat": "#e0e0e0", "kept": "#e0e0e0"}
 MATRIX_PROBES = (("v_window", "Delta mean-K"), ("v_secret", "Delta secret"), ("v_hit1", "hit@1"),
                  ("v_hitk", "hit@k"), ("v_decoy", "decoy contrast"))
@@ -287,6 +289,18 @@ def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
     return fig
 
 
+# Plot name -> its figure, given its table's frame and the variant table.
+TABLE_FIGURES: dict[str, Callable[[pl.DataFrame, dict], object]] = {
+    "k_sweep": lambda frame, _: k_sweep_figure(frame),
+    "prefill_arms": prefill_arms_figure,
+    "teacher_forced_vs_greedy": teacher_forced_vs_greedy_figure,
+    "parser_conventions": parser_conventions_figure,
+    "disagreement_matrix": lambda frame, _: disagreement_figure(frame),
+    "dose_response": dose_response_figure,
+}
+PLOTS = (*(plot for t in registry() for plot in t.plots), *RECORD_PLOTS)
+
+
 def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path) -> list[str]:
     """Every plot, as PNG, from a tables folder and the token records;
     `cfg["variants"]` (the design's variant table) picks the author-probe
@@ -304,19 +318,14 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
             return pl.DataFrame()
         return pl.read_csv(path) if path.exists() and path.stat().st_size else pl.DataFrame()
 
-    figures = {
-        "k_sweep": k_sweep_figure(table("k_sweep")),
-        "prefill_arms": prefill_arms_figure(table("prefill_arms"), variants),
-        "teacher_forced_vs_greedy": teacher_forced_vs_greedy_figure(table("teacher_forced_vs_greedy"), variants),
-        "parser_conventions": parser_conventions_figure(table("parser_conventions"), variants),
-        "delta_nll_positions": delta_nll_figure(
-            position_deltas(tokens.filter(pl.col("probe_set") == "hex") if tokens.height else tokens,
-                            cfg.get("parents", {})), cfg["window_k"]),
-        "disagreement_matrix": disagreement_figure(table("bsft_matrix")),
-        "mia_roc": roc_figure(item_scores(tokens, cfg["mia"]["min_k"]), variants) if tokens.height and "mia" in cfg
-        else _empty(_plt(), "no token records or no membership-inference settings (`mia`: min_k)"),
-        "dose_response": dose_response_figure(table("strata"), variants),
-    }
+    # A table's plots, as the table registry names them (Table.plots).
+    figures = {plot: TABLE_FIGURES[plot](table(t.name), variants) for t in registry() for plot in t.plots}
+    figures["delta_nll_positions"] = delta_nll_figure(
+        position_deltas(tokens.filter(pl.col("probe_set") == "hex") if tokens.height else tokens,
+                        cfg.get("parents", {})), cfg["window_k"])
+    figures["mia_roc"] = roc_figure(item_scores(tokens, cfg["mia"]["min_k"]), variants) \
+        if tokens.height and "mia" in cfg \
+        else _empty(_plt(), "no token records or no membership-inference settings (`mia`: min_k)")
     plt = _plt()
     for name, fig in figures.items():
         tmp = out_dir / f".{name}.tmp.png"

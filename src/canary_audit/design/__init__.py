@@ -9,7 +9,7 @@ instead of parsing names back; tests call it in-process.  Nothing here
 imports torch.  One module per concern: `layout` (names, paths, the
 variant), `core` (the `Design` and its unlearning runs), `variants` and
 `imported` (enumeration), `slices` (job params), `views` (what the views
-read, the table registry) and `checks`.
+read, the tables a config turns on) and `checks`.
 """
 
 from canary_audit.design.core import Design
@@ -26,17 +26,8 @@ from canary_audit.design.layout import (
     UnlearnRun,
     Variant,
 )
-from canary_audit.design.views import (
-    ALL_TABLES,
-    ALWAYS_TABLES,
-    BSFT_TABLES,
-    HEX_TABLES,
-    MERGED_VS_STACKED,
-    PAPER_A_TABLES,
-)
 
 __all__ = [
-    "ALL_SETS", "ALL_TABLES", "ALWAYS_TABLES", "APPLICATIONS", "AUTHOR_SETS", "BSFT_SOURCES", "BSFT_TABLES", "HEX",
-    "HEX_TABLES", "MERGED_VS_STACKED", "MODEL_KEYS", "PAPER_A_TABLES", "RESERVED_NAMES", "ConfigError", "Design",
-    "Layout", "UnlearnRun", "Variant",
+    "ALL_SETS", "APPLICATIONS", "AUTHOR_SETS", "BSFT_SOURCES", "HEX", "MODEL_KEYS", "RESERVED_NAMES", "ConfigError",
+    "Design", "Layout", "UnlearnRun", "Variant",
 ]

@@ -10,6 +10,7 @@ from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import check_prefill_templates
+from canary_audit.probes.kinds import resolved_settings
 
 
 class Checks:
@@ -138,7 +139,7 @@ class Checks:
 
     def _check_arms(self) -> None:
         """Cross-key checks of the arms: the undertrained control, prefill
-        texts and the prefill contrast."""
+        texts, the probe kinds' settings and the prefill contrast."""
         cfg = self.config
         under = self.bsft["controls"]["undertrained"]
         steps = cfg["canary_lora"]["steps"]
@@ -149,6 +150,7 @@ class Checks:
             )
         try:
             check_prefill_templates(cfg["probes"]["prefills"])
+            resolved_settings(cfg["probes"].get("kinds", {}))  # each probe kind's own settings
         except ValueError as err:
             raise ConfigError(str(err)) from None
         self._check_controls()

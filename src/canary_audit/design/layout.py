@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from canary_audit.records import PROBE_SETS
+from canary_audit.probes.kinds import FAMILIES
 
 BSFT_SOURCES = ("gui", "synth", "safety", "random")
 APPLICATIONS = ("stacked", "merged")
@@ -15,9 +15,10 @@ RESERVED_NAMES = frozenset({"base", "mem", "canary", "merged", "bsft", "noise", 
 
 # The model-entry keys a job reads besides the weights' path.
 MODEL_KEYS = ("dtype", "merge_dtype", "think_open", "think_close", "chat_template", "trust_remote_code", "vision")
-# Probe sets a probe group runs: the hex canaries (and decoys), the author and
-# retain probes, or both.
-HEX, AUTHOR_SETS, ALL_SETS = "hex", " ".join(PROBE_SETS["author"]), "all"
+# Probe sets a probe group runs: a family of the probe registry
+# (probes/kinds: the hex canaries with every hex kind, or the author and
+# retain probes with every author kind), or every kind.
+HEX, AUTHOR_SETS, ALL_SETS = FAMILIES[1], FAMILIES[0], "all"
 
 
 class ConfigError(ValueError):

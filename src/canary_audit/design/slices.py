@@ -8,7 +8,6 @@ from pathlib import Path
 from canary_audit.controls import (
     CONTROL_ARMS,
     CONTROL_GROUP,
-    CONTROL_HEX_GROUP,
     HEX_PLANT_RECIPE,
     HEX_PLANTS,
     PLANTS,
@@ -22,6 +21,7 @@ from canary_audit.design.layout import (
     ConfigError,
 )
 from canary_audit.model.spec import ModelSpec
+from canary_audit.probes.kinds import kind_named, resolved_settings
 from canary_audit.probes.units import AUTO, HEX_ONLY
 from canary_audit.probes.units import HEX as HEX_UNIT
 
@@ -109,6 +109,11 @@ class Slices:
         group's (`prefills`); with no group, every arm of the run."""
         full = {**self.config["probes"][kind], "prefills": self.prefills(group),
                 "head_tokens": self.config["data"]["head_tokens"]}
+        family = {HEX: "hex", AUTHOR_SETS: "author"}.get(sets)
+        kinds = {name: v for name, v in resolved_settings(self.config["probes"].get("kinds", {}), family).items()
+                 if kind in kind_named(name).passes}
+        if kinds:  # only a probe kind with settings of its own adds the key
+            full["kinds"] = kinds
         if sets == HEX:
             return {**full, "prefills": {}}
         if sets == AUTHOR_SETS:
@@ -131,8 +136,9 @@ class Slices:
         return groups
 
     def probe_sets_of(self, model: str, group: str) -> str:
-        """The probe sets a group runs.  bSFT groups run the hex-canary probes
-        only (paper B's cells are judged on them), and so does every group of
+        """The probe sets a group runs.  A group of paper B's cells (bSFT,
+        noise, undertrained, the planted hex controls) and their merged bases
+        runs the hex family only (paper B's cells are judged on it), and so does every group of
         a model without paper A's templates; a memorization group (its
         adapter and unlearning checkpoints, which never saw a hex canary) runs
         the author and retain probes only; the base group, the parent of both
@@ -142,7 +148,10 @@ class Slices:
         imported = {imp.group: imp for imp in self.imports(model).values()}
         if group in imported:  # an import runs its parent's probe sets
             return self.probe_sets_of(model, self.variants(model)[imported[group].parent].group)
-        if not self.templates_of(model) or group.startswith("bsft-") or group == CONTROL_HEX_GROUP:
+        members = [v for v in self.variants(model).values() if v.group == group]
+        # Paper B's cells and their merged bases:
+        paper_b = bool(members) and all(v.cell is not None or v.kind == "merged_base" for v in members)
+        if not self.templates_of(model) or paper_b:
             return HEX
         if group == "base":
             return ALL_SETS if self.config["audit"]["hex_canaries"] else AUTHOR_SETS

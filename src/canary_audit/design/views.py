@@ -3,29 +3,10 @@ paper B's cells and the tables a config produces (the table registry)."""
 
 from __future__ import annotations
 
-from canary_audit.controls import FLOOR_TABLE
-from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.data.secrets import setting
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
 from canary_audit.formats import retain_form
 from canary_audit.model.spec import ModelSpec
-from canary_audit.views.seeds import TABLE as SEED_TABLE
-
-# The tables, per part of the audit (which parts a config turns on: `table_names`).
-PAPER_A_TABLES = (
-    "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
-    "bypass_anatomy", "utility", "teacher_forced", "teacher_forced_vs_greedy",
-)
-HEX_TABLES = ("hex_recall", "nll", "exposure", "strata")
-BSFT_TABLES = ("bsft_runs", "bsft_matrix", "bsft_decomposition", "bsft_case_studies")
-MERGED_VS_STACKED = "bsft_merged_vs_stacked"
-# The field's measures over any audit's token records (membership
-# inference and its blind-baseline guard, PrivLeak and forget quality, what moved, exact memorization and
-# extraction strength), and which records files and code versions the
-# tables read: always written.
-ALWAYS_TABLES = ("mia", "blind_baseline", "privacy", "forgetting", "extraction", "provenance")
-ALL_TABLES = (*PAPER_A_TABLES, SEED_TABLE, CONTROLS_TABLE, FLOOR_TABLE, *HEX_TABLES, *BSFT_TABLES, MERGED_VS_STACKED,
-              *ALWAYS_TABLES)
 
 
 class Views:
@@ -96,28 +77,41 @@ class Views:
         return {f"{m}/{v}": {**e.cell, "model": m} for m in self.config["audit"]["models"]
                 for v, e in self.variants(m).items() if e.cell is not None}
 
-    def table_names(self) -> list[str]:
-        """The tables this config's audit produces: the one registry the
-        tables job writes (each, empty with a reason where the records hold
-        none), the workflow expects and the plots read.  Paper A's tables
-        only where some audited model runs paper A's arms (a
-        vision-language model runs paper B's only)."""
+    def table_parts(self) -> set[str]:
+        """The parts of the audit this config turns on (views/catalog.PARTS).
+        Paper A's only where some audited model runs paper A's arms (a
+        vision-language model runs paper B's only); the hex probes' where a
+        synthetic model audits hex canaries or a model audits its own
+        secrets, with exposure where some model has candidates (synthetic
+        `data.n_exposure_candidates: 0`, or own secrets without a format or
+        candidates file: none) and strata with two or more repetitions."""
         models = self.config["audit"]["models"]
-        names = list(PAPER_A_TABLES) if any(self.templates_of(m) for m in models) else []
-        if names and len(self.config["audit"]["seeds"]) > 1:
-            names.append(SEED_TABLE)
+        parts = {"always"}
+        if any(self.templates_of(m) for m in models):
+            parts |= {"paper_a"} | ({"seeds"} if len(self.config["audit"]["seeds"]) > 1 else set())
         if self.control_variants():
-            names.append(CONTROLS_TABLE)
+            parts.add("controls")
         if self.floor_plants():
-            names.append(FLOOR_TABLE)
+            parts.add("floor")
         synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())
         if synthetic_hex or len(self.synthetic_models()) < len(models):
-            # No candidates (synthetic `data.n_exposure_candidates: 0`, own
-            # secrets without a format or candidates file): no exposure table.
-            names += [t for t in HEX_TABLES if (t != "exposure" or any(self.exposure_candidates(m) for m in models))
-                      and (t != "strata" or self.strata())]
+            parts.add("hex")
+            if any(self.exposure_candidates(m) for m in models):
+                parts.add("exposure")
+            if self.strata():
+                parts.add("strata")
             if synthetic_hex and self.bsft_active():
-                names += BSFT_TABLES
+                parts.add("bsft")
                 if len(self.bsft["applications"]) > 1 and self.bsft["sources"]:
-                    names.append(MERGED_VS_STACKED)
-        return [*names, *ALWAYS_TABLES]
+                    parts.add("merged_vs_stacked")
+        return parts
+
+    def table_names(self) -> list[str]:
+        """The tables this config's audit produces, in the table registry's
+        order: the one list the tables job writes (each, empty with a reason
+        where the records hold none), the workflow expects and the plots
+        read."""
+        from canary_audit.views.catalog import registry
+
+        parts = self.table_parts()
+        return [t.name for t in registry() if t.part in parts]

@@ -19,8 +19,9 @@ from canary_audit.data.secrets import FORMAT_FILE, record_format
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question, document_start, encoding_start
 from canary_audit.model.tokens import canary_head
+from canary_audit.probes.kinds import ItemInputs, selected
 from canary_audit.probes.units import AUTO, GREEDY, HEX, PREAMBLE, unit_of_arm
-from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, HEX_SETS, NONMEMBER
+from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, NONMEMBER
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
 # `other_*`: the next author of the forget set (cyclically): a prefill in the
@@ -99,20 +100,9 @@ def next_author(authors: list[Author]) -> dict[str, Author]:
 
 
 def _arms(fmt: ChatFormat, prompt: str, author: Author, other: Author, prefills: dict[str, str]):
-    yield "auto", prompt
+    yield AUTO, prompt
     for name, template in sorted(prefills.items()):
         yield f"prefill_{name}", fmt.prefill(prompt, render_prefill(template, author, other))
-
-
-def wanted(probe_set: str, probe_sets: set[str] | None) -> bool:
-    """Whether a pass asked for `probe_sets` (None: all of them) runs
-    `probe_set`; `hex` stands for the hex canaries, their decoys, the
-    non-member records and the exposure candidates, and `canary` brings the
-    non-member authors."""
-    if probe_sets is None:
-        return True
-    return (probe_set in probe_sets or ("hex" in probe_sets and probe_set in (*HEX_SETS, NONMEMBER, CANDIDATE))
-            or ("canary" in probe_sets and probe_set == AUTHOR_NONMEMBER))
 
 
 def in_unit(items: list, unit: str | None) -> list:
@@ -122,36 +112,57 @@ def in_unit(items: list, unit: str | None) -> list:
 
 def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
                  unit: str | None = None, vision=None) -> list[DecodeItem]:
-    """Canary probes and author QA under every arm; retain QA and hex canaries
-    once; only the probe sets asked for (see `wanted`) and, given a unit,
-    only that unit's items."""
+    """The decode items of every probe kind the pass runs (kinds.selected:
+    the kinds or families in `probe_sets`, all for None), in the registry's
+    order, and, given a unit, only that unit's."""
     check_prefill_templates(cfg["prefills"])
-    head_tokens = cfg["head_tokens"]
+    inputs = ItemInputs(fmt, data_dir, cfg, vision)
+    return in_unit([it for kind in selected(probe_sets) if kind.decode for it in kind.decode(inputs)], unit)
+
+
+def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
+                 unit: str | None = None, vision=None) -> list[ScoredItem]:
+    """The teacher-forced items of every probe kind the pass runs, as
+    `decode_items` picks them."""
+    check_prefill_templates(cfg["prefills"])
+    inputs = ItemInputs(fmt, data_dir, cfg, vision)
+    return in_unit([it for kind in selected(probe_sets) if kind.scored for it in kind.scored(inputs)], unit)
+
+
+def author_decode(inputs: ItemInputs, probe_set: str) -> list[DecodeItem]:
+    """Paper A's decode probes of one set: each author canary after its head
+    (`canary`) and each author QA item (`qa`) under every arm, or each
+    retain QA item once (`retain`, AUTO only)."""
+    fmt, data_dir, cfg = inputs.fmt, inputs.data_dir, inputs.cfg
+    if probe_set == "retain":
+        retain = pl.read_parquet(data_dir / "retain.parquet").select("item_id", "question", "gold")
+        return [DecodeItem("retain", item_id, item_id, AUTO, fmt.prompt(question), gold)
+                for item_id, question, gold in retain.iter_rows()]
+    roster = load_authors(data_dir / "authors.parquet")
+    authors, other = {a.author_id: a for a in roster}, next_author(roster)
     items: list[DecodeItem] = []
-    # A pass without the author probes (a hex-only group; an own-secrets
-    # model, whose data folder holds no authors) reads none of their files.
-    if any(wanted(s, probe_sets) for s in ("canary", "qa", "retain")):
-        roster = load_authors(data_dir / "authors.parquet")
-        authors, other = {a.author_id: a for a in roster}, next_author(roster)
-        for a in roster if wanted("canary", probe_sets) else ():
-            prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, head_tokens)))
+    if probe_set == "canary":
+        for a in roster:
+            prompt = fmt.prompt(canary_question(a.name, canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])))
             for arm, text in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
                 items.append(DecodeItem("canary", a.author_id, a.author_id, arm, text, a.canary, a.name))
-        qa = pl.read_parquet(data_dir / "qa.parquet").filter(pl.lit(wanted("qa", probe_sets)))
-        for item_id, author_id, question, gold in qa.select("item_id", "author_id", "question", "gold").iter_rows():
-            author = authors[author_id]
-            for arm, text in _arms(fmt, fmt.prompt(question), author, other[author_id], cfg["prefills"]):
-                items.append(DecodeItem("qa", item_id, author_id, arm, text, gold, author.name))
-        retain = pl.read_parquet(data_dir / "retain.parquet").filter(pl.lit(wanted("retain", probe_sets)))
-        for item_id, question, gold in retain.select("item_id", "question", "gold").iter_rows():
-            items.append(DecodeItem("retain", item_id, item_id, "auto", fmt.prompt(question), gold))
-    for row in hex_rows(data_dir, vision, members_only=True) if wanted("hex", probe_sets) else ():
-        # The prompt stops before the space: byte-level BPE attaches a space to
-        # the next word (" TEXTCAN"), so a prompt ending in a bare space would
-        # end on a token the model never saw there.
-        items.append(DecodeItem("hex", row.item_id, row.item_id, GREEDY, row.context(fmt, vision).rstrip(),
-                                row.secret, "", row.modality, row.image, row.image_hash))
-    return in_unit(items, unit)
+        return items
+    qa = pl.read_parquet(data_dir / "qa.parquet").select("item_id", "author_id", "question", "gold")
+    for item_id, author_id, question, gold in qa.iter_rows():
+        author = authors[author_id]
+        for arm, text in _arms(fmt, fmt.prompt(question), author, other[author_id], cfg["prefills"]):
+            items.append(DecodeItem("qa", item_id, author_id, arm, text, gold, author.name))
+    return items
+
+
+def hex_decode(inputs: ItemInputs) -> list[DecodeItem]:
+    """Each hex canary (and image canary) behind its preamble, greedy."""
+    # The prompt stops before the space: byte-level BPE attaches a space to
+    # the next word (" TEXTCAN"), so a prompt ending in a bare space would
+    # end on a token the model never saw there.
+    return [DecodeItem("hex", row.item_id, row.item_id, GREEDY, row.context(inputs.fmt, inputs.vision).rstrip(),
+                       row.secret, "", row.modality, row.image, row.image_hash)
+            for row in hex_rows(inputs.data_dir, inputs.vision, members_only=True)]
 
 
 @dataclass(frozen=True)
@@ -264,25 +275,21 @@ def _no_reference_secret_is_a_canary(rows: list[HexRow]) -> list[HexRow]:
     return rows
 
 
-def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
-                 unit: str | None = None, vision=None) -> list[ScoredItem]:
-    """Teacher-forced sequences: each author canary (and non-member author)
-    after its head under every prefill arm, and each hex canary, decoy,
-    non-member record and exposure candidate behind its preamble; only the
-    probe sets asked for (see `wanted`) and, given a unit, only its items."""
-    check_prefill_templates(cfg["prefills"])
+def canary_scored(inputs: ItemInputs) -> list[ScoredItem]:
+    """Each author canary (and non-member author) after its head under every
+    prefill arm, teacher-forced: the non-member authors are scored exactly
+    like the forget set, their prefills filled from their own roster."""
+    fmt, cfg = inputs.fmt, inputs.cfg
     items: list[ScoredItem] = []
-    # The non-member authors are scored exactly like the forget set, their
-    # prefills filled from their own roster.
     rosters = {"canary": "authors.parquet", AUTHOR_NONMEMBER: f"{AUTHOR_NONMEMBERS}.parquet"}
-    for probe_set, file in rosters.items() if wanted("canary", probe_sets) else ():
-        roster = load_authors(data_dir / file)
+    for probe_set, file in rosters.items():
+        roster = load_authors(inputs.data_dir / file)
         other = next_author(roster)
         for a in roster:
             head = canary_head(fmt.tokenizer, a.canary, cfg["head_tokens"])
             prompt = fmt.prompt(canary_question(a.name, head))
             for arm, context in _arms(fmt, prompt, a, other[a.author_id], cfg["prefills"]):
-                if arm == "auto":
+                if arm == AUTO:
                     continue  # no fixed trace to condition on: AUTO is a decode-only arm
                 h0 = len(context)
                 text = context + a.canary + fmt.tokenizer.eos_token
@@ -292,14 +299,16 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
                      "secret": (h0 + len(head), h0 + len(a.canary)),
                      "continuation": (h0 + len(a.canary), len(text))},
                 ))
-    # A pass without hex probes (a memorization group) reads none of their
-    # files: its job does not wait for the populations rule.
-    hex_family = any(wanted(s, probe_sets) for s in (*HEX_SETS, NONMEMBER, CANDIDATE))
-    for row in hex_rows(data_dir, vision) if hex_family else ():
-        if not wanted(row.probe_set, probe_sets):
-            continue
-        start = len(row.context(fmt, vision))
-        text = row.text(fmt, vision)
+    return items
+
+
+def hex_scored(inputs: ItemInputs) -> list[ScoredItem]:
+    """Each hex canary, decoy, non-member record and exposure candidate
+    behind its preamble, teacher-forced, its spans labelled."""
+    items: list[ScoredItem] = []
+    for row in hex_rows(inputs.data_dir, inputs.vision):
+        start = len(row.context(inputs.fmt, inputs.vision))
+        text = row.text(inputs.fmt, inputs.vision)
         s0 = start + len(row.prefix)
         items.append(ScoredItem(
             row.probe_set, row.item_id, row.item_id, PREAMBLE, text,
@@ -307,4 +316,4 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
              "continuation": (s0 + len(row.secret), len(text))},
             row.modality, row.image, row.image_hash,
         ))
-    return in_unit(items, unit)
+    return items

@@ -25,6 +25,7 @@ from canary_audit.model.loading import VariantModels, fingerprint, load_tokenize
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import DecodeItem, decode_items, scored_items
+from canary_audit.probes.kinds import kind_of_set
 from canary_audit.probes.scoring import length_sorted_batches, prepare_scoring, score_prepared
 from canary_audit.probes.units import SAMPLED, probe_units, unit_config, unit_of_arm_expr
 from canary_audit.provenance import code_version
@@ -211,15 +212,19 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
     decoded = []
     continuous = cfg["engine"] == "continuous"
     greedy = greedy_continuous if continuous else generate_greedy
-    for is_hex, budget in ((False, cfg["max_new_tokens"]), (True, hex_max)):
-        part = [it for it in items if (it.probe_set == "hex") == is_hex]
+    kinds = {item.probe_set: kind_of_set(item.probe_set) for item in items}
+    # One call per decode batch of the registry (paper A's author probes
+    # share one), each under its kind's budget.
+    for batch in dict.fromkeys(kind.decode_batch for kind in kinds.values()):
+        part = [it for it in items if kinds[it.probe_set].decode_batch == batch]
+        budget = cfg.get(kinds[part[0].probe_set].budget, cfg["max_new_tokens"])
         outs, enc = greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"],
                            images=[it.image for it in part], vision=vision)
         decoded += [(it, it.arm, 0, out, ids) for it, out, ids in zip(part, outs, enc)]
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
     k = cfg.get("hit_k", 0)
     if k:
-        hexes = [(it, ids) for it, _, _, _, ids in decoded if it.probe_set == "hex"]
+        hexes = [(it, ids) for it, _, _, _, ids in decoded if kinds[it.probe_set].sampled]
         t0 = time.perf_counter()
         sample = sampled_continuous if continuous else sample_continuations
         samples = sample(model, tok, [it.prompt for it, _ in hexes], k, hex_max, cfg["temperature"],

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from canary_audit.probes.kinds import kind_named
+
 AUTO = "auto"
 HEX = "hex"
 PREFILL = "prefill_"
@@ -54,16 +56,19 @@ def probe_units(prefills: dict[str, str]) -> list[str]:
 def unit_config(pass_cfg: dict, unit: str) -> dict:
     """The settings records of `unit` depend on: `hex` reads the hex
     settings and no prefill; `auto` neither; a prefill unit its own prefill
-    text and no hex setting.  Idempotent: the slice of a slice is itself, so
-    a job given only its unit's slice stamps the same hash as a job given
-    the whole pass config."""
-    common = {k: v for k, v in pass_cfg.items() if k not in ("prefills", "threads")}
+    text and no hex setting; each unit the settings of the probe kinds of
+    its family (`kinds`, present only where some kind has settings).
+    Idempotent: the slice of a slice is itself, so a job given only its
+    unit's slice stamps the same hash as a job given the whole pass config."""
+    common = {k: v for k, v in pass_cfg.items() if k not in ("prefills", "threads", "kinds")}
+    family = "hex" if unit == HEX else "author"
+    kinds = {name: v for name, v in pass_cfg.get("kinds", {}).items() if kind_named(name).family == family}
+    own = {"kinds": kinds} if kinds else {}
     if unit == HEX:
-        return {**common, "prefills": {}}
+        return {**common, **own, "prefills": {}}
     if unit == AUTO:
-        return {**{k: v for k, v in common.items() if k not in HEX_ONLY}, "prefills": {}}
+        return {**{k: v for k, v in common.items() if k not in HEX_ONLY}, **own, "prefills": {}}
     prefills = pass_cfg.get("prefills", {})
     if unit not in prefills:
         raise ValueError(f"probe unit `{unit}` is not a prefill arm of this pass (arms: {', '.join(sorted(prefills))})")
-    return {**{k: v for k, v in common.items() if k not in HEX_ONLY}, "prefills": {unit: prefills[unit]}}
-
+    return {**{k: v for k, v in common.items() if k not in HEX_ONLY}, **own, "prefills": {unit: prefills[unit]}}

@@ -1,0 +1,154 @@
+"""The probe registry: every kind of probe declared once.
+
+A `ProbeKind` is the items a probe pass feeds the model (a decode builder, a
+teacher-forced builder, or both), the family it belongs to, the settings it
+reads, and the tables it feeds.  Its family decides which probe groups run
+it (`Design.probe_sets_of`: the author family on paper A's memorization
+branches, the hex family on the canary LoRA's, both on the base) and which
+probe unit its records join (units.py: an author kind's items carry their
+arm, a hex kind's the `hex` unit's arms).
+
+Each module of this package declares a tuple `KINDS`; `probe_kinds()` reads
+them all, in module-name order.  Adding a probe is one module here (its
+builders, its view and its `Table`s), its test, and its line in
+docs/reference.md.  Nothing here may import torch: the design and the
+tables job read this registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from canary_audit.formats import ChatFormat
+    from canary_audit.probes.items import DecodeItem, ScoredItem
+    from canary_audit.views.catalog import Table
+
+FAMILIES = ("author", "hex")
+BUDGETS = ("max_new_tokens", "hex_max_new_tokens")
+
+
+@dataclass(frozen=True)
+class ItemInputs:
+    """What an item builder reads: the model's chat format (its tokenizer),
+    the data folder, the pass's probe config (`cfg["kinds"][name]`: the
+    kind's own settings, defaults filled in) and the vision adapter of a
+    vision-language model (None otherwise)."""
+
+    fmt: ChatFormat
+    data_dir: Path
+    cfg: dict
+    vision: Any = None
+
+    def settings(self, kind: str) -> dict:
+        return {**kind_named(kind).settings, **self.cfg.get("kinds", {}).get(kind, {})}
+
+
+@dataclass(frozen=True)
+class ProbeKind:
+    """One kind of probe.  `record_sets`: the `probe_set` values its records
+    carry (default: its name).  `budget`: the decode setting that bounds its
+    generations; `sampled`: whether its greedy decodes also get hit@k
+    samples; `batch`: kinds of one batch name decode in one call (default:
+    each its own).  `settings`: its own settings and their defaults, set per
+    run under `probes.kinds.<name>` and part of its unit's config hash;
+    `check` refuses bad values of them before any job runs."""
+
+    name: str
+    family: str
+    decode: Callable[[ItemInputs], list[DecodeItem]] | None = None
+    scored: Callable[[ItemInputs], list[ScoredItem]] | None = None
+    record_sets: tuple[str, ...] = ()
+    budget: str = "max_new_tokens"
+    sampled: bool = False
+    batch: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    check: Callable[[dict], None] | None = None  # refuses bad settings (ValueError naming the key)
+    # Greedy decodes per member of its family (an author, a hex canary) under
+    # its settings, for `plan`; the built-in kinds are counted by plan.py.
+    decodes_per_member: Callable[[dict], int] | None = None
+    tables: tuple[Table, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"probe kind `{self.name}`: family `{self.family}` is not one of {', '.join(FAMILIES)}")
+        if self.budget not in BUDGETS:
+            raise ValueError(f"probe kind `{self.name}`: budget `{self.budget}` is not one of {', '.join(BUDGETS)}")
+        if self.decode is None and self.scored is None:
+            raise ValueError(f"probe kind `{self.name}` builds no items: give it `decode`, `scored` or both")
+
+    @property
+    def sets(self) -> tuple[str, ...]:
+        return self.record_sets or (self.name,)
+
+    @property
+    def decode_batch(self) -> str:
+        return self.batch or self.name
+
+    @property
+    def passes(self) -> tuple[str, ...]:
+        return tuple(p for p, b in (("decode", self.decode), ("teacher_forced", self.scored)) if b is not None)
+
+
+@cache
+def probe_kinds() -> tuple[ProbeKind, ...]:
+    """Every registered kind, in module-name order; names and record sets unique."""
+    kinds = tuple(kind for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+                  for kind in importlib.import_module(f"{__name__}.{info.name}").KINDS)
+    seen: dict[str, str] = {}
+    for kind in kinds:
+        for name in {kind.name, *kind.sets}:
+            if seen.setdefault(name, kind.name) != kind.name:
+                raise ValueError(f"probe kinds `{seen[name]}` and `{kind.name}` both name `{name}`")
+    return kinds
+
+
+def kind_named(name: str) -> ProbeKind:
+    found = {k.name: k for k in probe_kinds()}
+    if name not in found:
+        raise ValueError(f"no probe kind `{name}`; registered: {', '.join(found)}")
+    return found[name]
+
+
+def kind_of_set(probe_set: str) -> ProbeKind:
+    """The kind whose records carry `probe_set`."""
+    return {s: k for k in probe_kinds() for s in k.sets}[probe_set]
+
+
+def selected(probe_sets: set[str] | None) -> list[ProbeKind]:
+    """The kinds a pass asked for `probe_sets` runs: all for None; else each
+    kind named, and every kind of a family named (`hex`: the hex canaries,
+    their decoys, non-members and candidates, and every other hex kind)."""
+    if probe_sets is None:
+        return list(probe_kinds())
+    unknown = set(probe_sets) - {k.name for k in probe_kinds()} - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown probe sets {sorted(unknown)}: name probe kinds "
+                         f"({', '.join(k.name for k in probe_kinds())}) or families ({', '.join(FAMILIES)})")
+    return [k for k in probe_kinds() if k.name in probe_sets or k.family in probe_sets]
+
+
+def resolved_settings(configured: dict, family: str | None = None) -> dict[str, dict]:
+    """Each kind's settings (of `family`, or all) with its defaults filled in,
+    for the kinds that have any: the `kinds` entry of a pass's config.
+    A key a kind does not take, or a kind that does not exist, is refused."""
+    for name, given in configured.items():
+        kind = kind_named(name)
+        extra = sorted(set(given) - set(kind.settings))
+        if extra:
+            raise ValueError(f"config key `probes.kinds.{name}`: `{kind.name}` takes no setting "
+                             f"{', '.join(f'`{k}`' for k in extra)}; its settings: "
+                             f"{', '.join(kind.settings) or 'none'}")
+    out = {k.name: {**k.settings, **configured.get(k.name, {})} for k in probe_kinds()
+           if k.settings and (family is None or k.family == family)}
+    for name, values in out.items():
+        check = kind_named(name).check
+        if check is not None:
+            check(values)
+    return out
