@@ -365,15 +365,16 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     from canary_audit.model.spec import ModelSpec
     from canary_audit.model.vision import VisionInputs
     from canary_audit.probes.items import decode_items, scored_items
+    from canary_audit.probes.kinds import probe_kinds
     from canary_audit.records import PROBE_SETS
 
     fmt = ChatFormat(load_tokenizer(ModelSpec("tiny", tiny_assets[1])), "<think>", "</think>")
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6}
     written = {it.probe_set for it in decode_items(fmt, tiny_assets[0], cfg)} | {
         it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg)}
-    # A text model writes every probe set but the unseen-image decoy, which
-    # only a vision-language model's image canaries have.
-    assert written == {name for family in PROBE_SETS.values() for name in family} - {"decoy_unseen"}
+    # A text model writes every probe set of the registry but the unseen-image
+    # decoy, which only a vision-language model's image canaries have.
+    assert written == {s for kind in probe_kinds() for s in kind.sets} - {"decoy_unseen"}
     vl = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)
     tok = load_tokenizer(vl)
     vision = VisionInputs.load(vl.path, tok)

@@ -238,13 +238,16 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
     """A paper-B-only pass (probe sets `hex`) on a model without think tags:
     hex canaries greedy and sampled, within `hex_max_new_tokens`, and nothing
     that needs a trace."""
+    from canary_audit.probes.kinds import probe_kinds
+
     data, _ = tiny_assets
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
            "engine": "continuous", "max_new_tokens": 30, "hex_max_new_tokens": 4,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 0}
     plain = ModelSpec("tiny", spec.path, think_open=None, think_close=None)
     frame = decode_pass(plain, [], data, cfg, "tiny/base", probe_sets={"hex"})
-    assert set(frame["probe_set"]) == {"hex"} and set(frame["arm"]) == {"greedy", "sampled"}
+    hex_family = {s for kind in probe_kinds() if kind.family == "hex" for s in kind.sets}
+    assert "hex" in set(frame["probe_set"]) <= hex_family and set(frame["arm"]) == {"greedy", "sampled"}
     assert frame["generated_tokens"].max() <= 4
     tokens = teacher_forced_pass(plain, [], data, {**cfg, "batch_size": 8}, "tiny/base", probe_sets={"hex"})
     assert set(tokens["probe_set"]) == {"hex", "decoy_shuffled", "decoy_wrong", "hex_nonmember", "hex_candidate"}

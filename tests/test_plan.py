@@ -23,7 +23,9 @@ def test_the_plans_sequences_are_the_items_the_passes_build(tiny_assets):
     from transformers import AutoTokenizer
 
     from canary_audit.formats import ChatFormat
+    from canary_audit.plan import further_decodes
     from canary_audit.probes.items import decode_items, scored_items
+    from canary_audit.probes.kinds import kind_of_set
 
     data, model = tiny_assets
     design = design_of({"data": TINY_DATA})
@@ -37,7 +39,12 @@ def test_the_plans_sequences_are_the_items_the_passes_build(tiny_assets):
         decodes = decode_items(fmt, data, cfg, wanted)
         hexes = sum(it.probe_set == "hex" for it in decodes)
         scored = scored_items(fmt, data, cfg, wanted)
-        assert counts["greedy_author"] + counts["greedy_hex"] == len(decodes) and counts["greedy_hex"] == hexes, group
+        # A registered kind beyond the built-ins declares its decodes per
+        # member (`decodes_per_member`), an upper bound where it caps them.
+        further = [it for it in decodes if kind_of_set(it.probe_set).decodes_per_member is not None]
+        bound = sum(further_decodes(design, "tiny", group, hexes).values())
+        assert len(further) <= bound and bool(further) == bool(bound), group
+        assert counts["greedy_author"] + counts["greedy_hex"] - bound == len(decodes) - len(further), group
         assert counts["sampled"] == hexes * design.config["probes"]["decode"]["hit_k"], group
         assert counts["scored_hex"] == sum(it.arm == "preamble" for it in scored), group
         assert counts["scored_author"] + counts["scored_hex"] == len(scored), group

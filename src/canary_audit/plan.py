@@ -172,12 +172,23 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
                 out["greedy_hex"] += images
                 out["scored_hex"] += images * 4 + cands + data["n_hex_nonmembers"]
         out["sampled"] = out["greedy_hex"] * k
-    # The registry's further kinds: their decodes per member, as they declare.
-    members = {"author": data["n_authors"], "hex": out["greedy_hex"]}
-    for name, settings in resolved_settings(probes.get("kinds", {})).items():
+    for family, n in further_decodes(design, model, group, out["greedy_hex"]).items():
+        out[f"greedy_{family}"] += n
+    return out
+
+
+def further_decodes(design: Design, model: str, group: str, hex_members: int) -> dict[str, int]:
+    """Per family, the greedy decodes of a group's registered kinds beyond the
+    built-in ones (which pass_sequences counts): each member of the family
+    (an author; a hex canary, `hex_members` of them) times the decodes the
+    kind declares per member, an upper bound where the kind caps them."""
+    sets, data = design.probe_sets_of(model, group), design.config["data"]
+    members = {"author": data["n_authors"], "hex": hex_members}
+    out = {"author": 0, "hex": 0}
+    for name, settings in resolved_settings(design.config["probes"].get("kinds", {})).items():
         kind = kind_named(name)
-        if kind.decodes_per_member and (sets == ALL_SETS or sets == kind.family):
-            out[f"greedy_{kind.family}"] += members[kind.family] * kind.decodes_per_member(settings)
+        if kind.decodes_per_member and sets in (ALL_SETS, kind.family):
+            out[kind.family] += members[kind.family] * kind.decodes_per_member(settings, design.is_vision(model))
     return out
 
 

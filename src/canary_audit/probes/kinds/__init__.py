@@ -71,8 +71,9 @@ class ProbeKind:
     settings: dict[str, Any] = field(default_factory=dict)
     check: Callable[[dict], None] | None = None  # refuses bad settings (ValueError naming the key)
     # Greedy decodes per member of its family (an author, a hex canary) under
-    # its settings, for `plan`; the built-in kinds are counted by plan.py.
-    decodes_per_member: Callable[[dict], int] | None = None
+    # its settings, on a vision-language model or not, for `plan`; the
+    # built-in kinds are counted by plan.py.
+    decodes_per_member: Callable[[dict, bool], int] | None = None
     tables: tuple[Table, ...] = ()
 
     def __post_init__(self) -> None:
