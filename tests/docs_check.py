@@ -47,7 +47,16 @@ def _resolve(node: dict) -> dict:
 def key_exists(path: list[str], node: dict | None = None) -> bool:
     """Whether the config key `path` is one the schema accepts: any segment
     under a registry (a name the user chooses), and a placeholder `<name>`
-    wherever some key continues the rest of the path."""
+    wherever some key continues the rest of the path.  Under `probes.kinds`
+    the probe registry decides: a registered kind and one of its settings."""
+    if node is None and path[:2] == ["probes", "kinds"] and len(path) > 2:
+        from canary_audit.probes.kinds import probe_kinds
+
+        settings = {k.name: set(k.settings) for k in probe_kinds()}
+        if path[2].startswith("<"):  # a placeholder: any kind
+            settings = {path[2]: set().union(*settings.values())}
+        return path[2] in settings and (len(path) == 3 or (len(path) == 4 and (
+            path[3] in settings[path[2]] or path[3].startswith("<"))))
     node = _resolve(SCHEMA if node is None else node)
     if not path:
         return True

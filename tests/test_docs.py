@@ -73,6 +73,8 @@ def test_the_codes_messages_name_only_config_keys_that_exist():
 @pytest.mark.parametrize("wrong,expected", [
     ("```yaml\naudit:\n  seeds: [0]\n  sedes: [1]\n```", "`audit.sedes` is not in the config schema"),
     ("Set `tables.bootstrap.levels` to 0.9.", "`tables.bootstrap.levels` is not in the config schema"),
+    ("Set `probes.kinds.hex.depth` to 2.", "`probes.kinds.hex.depth` is not in the config schema"),
+    ("Set `probes.kinds.ghost` to {}.", "`probes.kinds.ghost` is not in the config schema"),
     ("See `src/canary_audit/nowhere.py`.", "path `src/canary_audit/nowhere.py` does not exist"),
     ("```bash\npython -m canary_audit summarise --tables results/tables\n```", "does not parse"),
     ("```bash\npython -m canary_audit summary --tables results/tables\n```", "lacks the --out"),
