@@ -226,8 +226,8 @@ def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):
            "hit_k": 3, "temperature": 1.0, "sample_seed": 7}
     frame = decode_pass(spec, [], data, cfg, "tiny/base")
     sampled = frame.filter(pl.col("arm") == "sampled")
-    n_hex = frame.filter(pl.col("arm") == "greedy").height
-    assert sampled.height == 3 * n_hex
+    n_hex = frame.filter((pl.col("arm") == "greedy") & (pl.col("probe_set") == "hex")).height
+    assert sampled.height == 3 * n_hex and set(sampled["probe_set"]) == {"hex"}
     assert sampled.group_by("item_id").agg(pl.col("sample").sort())["sample"].to_list() == [[0, 1, 2]] * n_hex
     assert sampled["generated"].n_unique() > 1  # sampling, not greedy
     again = decode_pass(spec, [], data, cfg, "tiny/base").filter(pl.col("arm") == "sampled")
