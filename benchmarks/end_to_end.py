@@ -26,8 +26,6 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.jobs import MODEL_JOBS
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,8 +40,6 @@ def stage_table(bench_dir: Path) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-# Model command (as the warm start logs it) -> the rule that runs it.
-COMMAND_RULE = {command: rule for rule, command in MODEL_JOBS.items()}
 WARM_RSS = re.compile(r"^warm start: (\w+) job peak RSS (\d+) MB$", re.MULTILINE)
 
 
@@ -52,8 +48,7 @@ def warm_peak_rss(log_dir: Path) -> dict[str, float]:
     peaks: dict[str, float] = {}
     for log in log_dir.rglob("*.log"):
         for command, mb in WARM_RSS.findall(log.read_text(errors="replace")):
-            rule = COMMAND_RULE[command]
-            peaks[rule] = max(peaks.get(rule, 0.0), float(mb))
+            peaks[command] = max(peaks.get(command, 0.0), float(mb))  # a model command is named after its rule
     return peaks
 
 

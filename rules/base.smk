@@ -32,7 +32,7 @@ rule embedded_base:
         ),
         data=data_dir,
     shell:
-        "python -m canary_audit base --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit embedded_base --params {params.cfg:q} --data {params.data} "
         "--out {output.model} --summary {output.summary} --threads {threads} > {log} 2>&1"
 
 
@@ -60,5 +60,5 @@ rule embedded_vision_base:
             }
         ),
     shell:
-        "python -m canary_audit vision --params {params.cfg:q} --text-model {input.text} "
+        "python -m canary_audit embedded_vision_base --params {params.cfg:q} --text-model {input.text} "
         "--out {output.model} --summary {output.summary} > {log} 2>&1"

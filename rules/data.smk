@@ -17,7 +17,7 @@ rule synthetic_data:
         cfg=canonical(synthetic_settings(config["data"])),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "python -m canary_audit data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+        "python -m canary_audit synthetic_data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
 
 
 # The hex canaries' reference populations: non-member records (membership
@@ -63,7 +63,7 @@ rule vision_data:
         cfg=canonical({k: config["data"][k] for k in VISION_KEYS}),
         data=data_dir,
     shell:
-        "python -m canary_audit images --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit vision_data --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"
 
 
@@ -88,7 +88,7 @@ rule vision_nonmembers:
         cfg=canonical({k: config["data"][k] for k in IMAGE_NONMEMBER_KEYS}),
         data=data_dir,
     shell:
-        "python -m canary_audit imagenonmembers --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit vision_nonmembers --params {params.cfg:q} --data {params.data} "
         "--out {output} > {log} 2>&1"
 
 
@@ -112,7 +112,7 @@ rule author_nonmembers:
         cfg=canonical({k: config["data"][k] for k in AUTHOR_NONMEMBER_KEYS}),
         data=data_dir,
     shell:
-        "python -m canary_audit authornonmembers --params {params.cfg:q} --data {params.data} "
+        "python -m canary_audit author_nonmembers --params {params.cfg:q} --data {params.data} "
         "--out {params.data} > {log} 2>&1"
 
 
@@ -142,4 +142,4 @@ rule own_secrets:
         ),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "python -m canary_audit ownsecrets --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+        "python -m canary_audit own_secrets --params {params.cfg:q} --out {params.out} > {log} 2>&1"

@@ -34,7 +34,7 @@ rule decode_pass:
         unit=lambda w: f"--unit {w.unit}" if FINE else "",
         cache=WEIGHT_CACHE,
     shell:
-        "python -m canary_audit decode --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit decode_pass --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} {params.unit} "
         "--weight-cache {params.cache} --out {output} --threads {threads} > {log} 2>&1"
 
@@ -66,6 +66,6 @@ rule teacher_forced_pass:
         unit=lambda w: f"--unit {w.unit}" if FINE else "",
         cache=WEIGHT_CACHE,
     shell:
-        "python -m canary_audit score --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit teacher_forced_pass --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --variant-manifest {input.manifests} --probe-sets {params.sets} {params.unit} "
         "--weight-cache {params.cache} --out {output} --threads {threads} > {log} 2>&1"

@@ -60,7 +60,7 @@ rule control_lora:
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit control --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit control_lora --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
@@ -89,7 +89,7 @@ rule control_hex_lora:
         model=lambda w, input: model_json(w, input.merged),
         data=data_dir,
     shell:
-        "python -m canary_audit hexplant --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit control_hex_lora --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
@@ -114,7 +114,7 @@ rule canary_lora:
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit canary --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit canary_lora --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
@@ -138,7 +138,7 @@ rule reference_lora:
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit reference --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit reference_lora --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 
@@ -167,7 +167,7 @@ rule author_reference_lora:
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit authorreference --model {params.model:q} --params {params.cfg:q} "
+        "python -m canary_audit author_reference_lora --model {params.model:q} --params {params.cfg:q} "
         "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
 
 

@@ -26,6 +26,6 @@ rule variant_manifest:
         check=import_check,
         cache=WEIGHT_CACHE,
     shell:
-        "python -m canary_audit variant --model {params.model:q} --variant {wildcards.variant} "
+        "python -m canary_audit variant_manifest --model {params.model:q} --variant {wildcards.variant} "
         "--adapters {params.adapters} --apply {params.apply} --params {params.fields:q} "
         "{params.check} --weight-cache {params.cache} --out {output} > {log} 2>&1"

@@ -245,19 +245,22 @@ def test_a_deleted_default_is_an_error_not_another_value():
         validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
 
 
-def test_model_jobs_are_the_rules_that_run_model_commands():
-    """jobs.MODEL_JOBS (rule -> command) is what the rules run: a renamed rule
+def test_every_rule_runs_the_sub_command_named_after_it():
+    """A rule's shell command is `python -m canary_audit <the rule's name>`,
+    each sub-command serves a rule (or the run as a whole: status, plan),
+    and jobs.MODEL_JOBS names the rules that load a model: a renamed rule
     or command fails here, not silently in the warm start or a benchmark."""
     import re
 
+    from canary_audit.cli import COMMANDS
     from canary_audit.jobs import MODEL_JOBS
     from canary_audit.warm import MODEL_COMMANDS
 
     text = "\n".join(p.read_text() for p in sorted((ROOT / "rules").glob("*.smk")))
     runs = dict(re.findall(r"^rule (\w+):.*?python -m canary_audit (\w+)", text, re.S | re.M))
-    assert {rule: runs[rule] for rule in MODEL_JOBS} == MODEL_JOBS
-    assert MODEL_COMMANDS == set(MODEL_JOBS.values())
-    assert not {cmd for rule, cmd in runs.items() if rule not in MODEL_JOBS} & MODEL_COMMANDS
+    assert all(rule == command for rule, command in runs.items()), runs
+    assert set(COMMANDS) == set(runs) | {"status", "plan"}
+    assert set(MODEL_JOBS) <= set(runs) and MODEL_COMMANDS == set(MODEL_JOBS)
 
 
 def test_lookups_name_what_is_known_and_files_follow_the_layout():

@@ -77,7 +77,7 @@ def test_the_codes_messages_name_only_config_keys_that_exist():
     ("Set `probes.kinds.ghost` to {}.", "`probes.kinds.ghost` is not in the config schema"),
     ("See `src/canary_audit/nowhere.py`.", "path `src/canary_audit/nowhere.py` does not exist"),
     ("```bash\npython -m canary_audit summarise --tables results/tables\n```", "does not parse"),
-    ("```bash\npython -m canary_audit summary --tables results/tables\n```", "lacks the --out"),
+    ("```bash\npython -m canary_audit summary --tables results/tables\n```", "does not parse"),
     ("```bash\nsnakemake --cores 2 --configfile configs/absent.yaml\n```", "config file that does not exist"),
     ("```bash\nsnakemake --coresx 2\n```", "does not parse"),
     ("| table | what |\n|---|---|\n| `canary_leak` | x |\n", "table `canary_leak` is not in the design's"),

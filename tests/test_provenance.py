@@ -61,8 +61,9 @@ def run_decode(tiny_assets, tmp_path, manifest_path):
               "engine": "continuous", "max_new_tokens": 4, "hex_max_new_tokens": 4, "batch_size": 16,
               "hit_k": 0, "temperature": 1.0, "sample_seed": 0}
     out = tmp_path / "decode.parquet"
-    cli.main(["decode", "--model", json.dumps({"name": "tiny", "path": str(model)}), "--params", json.dumps(params),
-              "--data", str(data), "--variant-manifest", str(manifest_path), "--probe-sets", "hex",
+    cli.main(["decode_pass", "--model", json.dumps({"name": "tiny", "path": str(model)}),
+              "--params", json.dumps(params), "--data", str(data), "--variant-manifest", str(manifest_path),
+              "--probe-sets", "hex",
               "--weight-cache", str(tmp_path / "cache"), "--out", str(out)])
     return out
 
@@ -83,8 +84,9 @@ def test_records_carry_the_code_version_and_the_manifests_fingerprint(tiny_asset
 def test_a_manifest_carries_fields_fingerprint_and_code_version(tiny_assets, tmp_path):
     out = tmp_path / "m.json"
     fields = {"kind": "base", "template": None}
-    cli.main(["variant", "--model", json.dumps({"name": "tiny", "path": str(tiny_assets[1])}), "--variant", "base",
-              "--params", json.dumps(fields), "--weight-cache", str(tmp_path / "cache"), "--out", str(out)])
+    cli.main(["variant_manifest", "--model", json.dumps({"name": "tiny", "path": str(tiny_assets[1])}),
+              "--variant", "base", "--params", json.dumps(fields), "--weight-cache", str(tmp_path / "cache"),
+              "--out", str(out)])
     m = json.loads(out.read_text())
     assert (m["fields"], m["code_version"]) == (fields, code_version())
     assert m["fingerprint"] == fingerprint(ModelSpec("tiny", tiny_assets[1]))

@@ -116,7 +116,7 @@ def test_stopped_or_killed_client_stops_its_job(server, tiny_assets, tmp_path, h
     at once (SIGKILL: the job sees its connection close)."""
     data, _ = tiny_assets
     before = set(children(server_pid(server)))
-    proc = job(["base", "--params", json.dumps(LONG_BASE), "--data", str(data), "--out", str(tmp_path / "m"),
+    proc = job(["embedded_base", "--params", json.dumps(LONG_BASE), "--data", str(data), "--out", str(tmp_path / "m"),
                 "--summary", str(tmp_path / "s.json")], server)
     deadline = time.monotonic() + 60
     while not (set(children(server_pid(server))) - before):

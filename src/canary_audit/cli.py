@@ -1,7 +1,9 @@
-"""Command line: one sub-command per workflow stage; `tables` and `plots` also
-serve people who hold only a records folder (no Snakemake, no model).
+"""Command line: one sub-command per workflow rule, named after it, with its
+own arguments (`python -m canary_audit decode_pass --help`); `tables`,
+`plots` and `summary` also serve people who hold only a records folder (no
+Snakemake, no model), and `status` and `plan` serve the run as a whole.
 
-Each rule calls one sub-command with its config slice as canonical JSON
+Each rule calls its sub-command with its config slice as canonical JSON
 (`--params`), so the rule stays a one-line shell command and the slice it
 passes is exactly what Snakemake compares to decide a re-run.
 """
@@ -13,6 +15,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # The config schema, shipped as package data (a non-editable install has it);
@@ -304,63 +308,115 @@ def cmd_summary(args, params):
     return write_summary(Path(args.tables), Path(args.out), Path(args.readme) if args.readme else None)
 
 
-COMMANDS = {
-    "data": cmd_data, "populations": cmd_populations, "images": cmd_vision_data, "base": cmd_base,
-    "vision": cmd_vision_base, "imagenonmembers": cmd_image_nonmembers, "authornonmembers": cmd_author_nonmembers,
-    "memorize": cmd_memorize, "control": cmd_control, "hexplant": cmd_hex_plant, "canary": cmd_canary,
-    "reference": cmd_reference, "authorreference": cmd_reference,
-    "unlearn": cmd_unlearn, "bsft": cmd_bsft, "variant": cmd_variant, "decode": cmd_decode, "score": cmd_score,
-    "tables": cmd_tables, "plots": cmd_plots, "summary": cmd_summary, "export": cmd_export,
-    "status": cmd_status, "ownsecrets": cmd_own_secrets, "plan": cmd_plan,
+# Each argument a command may take, declared once: flags and argparse options.
+ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "params": (("--params",), {"default": "{}", "help": "the rule's config slice, as JSON, or @FILE holding it"}),
+    "model": (("--model",), {"required": True, "help": "the model entry, as JSON (name, path, dtype, think tags)"}),
+    "data": (("--data",), {"required": True, "help": "the synthetic data folder"}),
+    "threads": (("--threads",), {"type": int, "default": 1, "help": "CPU threads (torch)"}),
+    "out": (("--out",), {"required": True, "help": "output path"}),
+    "summary": (("--summary",), {"required": True, "help": "where to write the build's JSON summary"}),
+    "text_model": (("--text-model",), {"required": True,
+                                       "help": "the text model the vision-language build starts from"}),
+    "adapter": (("--adapter",), {"required": True, "help": "the memorization adapter unlearning starts from"}),
+    "state_in": (("--state-in",), {"help": "training state of the previous unlearning segment (fine job grain)"}),
+    "state_out": (("--state-out",), {"help": "where an unlearning segment saves its final training state"}),
+    "variant": (("--variant",), {"required": True, "help": "variant name"}),
+    "adapters": (("--adapters",), {"nargs": "*", "default": [], "help": "the variant's adapter stack"}),
+    "apply": (("--apply",), {"choices": ("stacked", "merged"), "default": "stacked",
+                             "help": "how a variant's last adapter is applied: live (stacked) or merged"}),
+    "import_check": (("--import-check",), {"help": "an imported variant's entry and the base it must fit, as JSON"}),
+    "weight_cache": (("--weight-cache",), {"help": "folder of cached weight-file digests"}),
+    "variant_manifest": (("--variant-manifest",), {"nargs": "+", "required": True,
+                                                   "help": "the manifests of the variants the pass runs"}),
+    "probe_sets": (("--probe-sets",), {"nargs": "*", "default": ["all"],
+                                       "help": "probe kinds or families the pass runs (probes/kinds: author, "
+                                               "hex), or all"}),
+    "unit": (("--unit",), {"help": "the probe unit a pass runs alone: auto, hex or a prefill arm (fine grain)"}),
+    "decode": (("--decode",), {"nargs": "*", "default": [], "help": "decode records files"}),
+    "tokens": (("--tokens",), {"nargs": "*", "default": [], "help": "token records files"}),
+    "tables": (("--tables",), {"required": True, "help": "a tables folder"}),
+    "readme": (("--readme",), {"help": "a README whose short result is rewritten from the run's figures"}),
+    "run_dir": (("--dir",), {"default": ".", "dest": "data", "help": "the working directory of the run"}),
+    "configfile": (("--configfile",), {"nargs": "+", "default": ["workflow_config.yaml"],
+                                       "help": "the config files, layered as snakemake layers them"}),
+    "model_config": (("--model-config",), {"nargs": "*", "default": [],
+                                           "help": "MODEL=config.json of a checkpoint not on this machine"}),
+    "throughput": (("--throughput",), {"help": "a throughput table (default: the package's throughput.json)"}),
+    "plan_out": (("--out",), {"help": "also write the plan as JSON here"}),
+}
+TRAIN = ("params", "model", "data", "threads", "out")
+PASS = ("params", "model", "data", "threads", "variant_manifest", "probe_sets", "unit", "weight_cache", "out")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: the function it runs, the arguments it takes
+    (ARGUMENTS' names; `--out` may take several paths) and its help."""
+
+    run: Callable
+    arguments: tuple[str, ...]
+    help: str
+    outs: str = ""  # the form of several outputs, where it writes more than one
+
+
+# Sub-command -> what it runs; named after the workflow rule it serves.
+COMMANDS: dict[str, Command] = {
+    "synthetic_data": Command(cmd_data, ("params", "out"), "the synthetic authors, canaries and bSFT sources"),
+    "populations": Command(cmd_populations, ("params", "data", "out"),
+                           "the hex canaries' non-members and exposure candidates"),
+    "vision_data": Command(cmd_vision_data, ("params", "data", "out"), "image canaries, decoys and GUI screens"),
+    "vision_nonmembers": Command(cmd_image_nonmembers, ("params", "data", "out"), "the image non-members"),
+    "author_nonmembers": Command(cmd_author_nonmembers, ("params", "data", "out"), "the non-member authors"),
+    "own_secrets": Command(cmd_own_secrets, ("params", "out"), "a researcher's own secrets, checked and written"),
+    "embedded_base": Command(cmd_base, ("params", "data", "threads", "out", "summary"),
+                             "the embedded tiny model: tokenizer and pre-training"),
+    "embedded_vision_base": Command(cmd_vision_base, ("params", "text_model", "out", "summary"),
+                                    "the embedded vision-language model on the text model"),
+    "memorize": Command(cmd_memorize, TRAIN, "a memorization adapter (paper A)"),
+    "control_lora": Command(cmd_control, TRAIN, "a planted control's adapter (paper A)"),
+    "control_hex_lora": Command(cmd_hex_plant, TRAIN, "a planted control's adapter on the merged base (paper B)"),
+    "canary_lora": Command(cmd_canary, TRAIN, "the canary LoRA and its merged base (paper B)",
+                           outs="ADAPTER MERGED [UNDER_ADAPTER UNDER_MERGED]"),
+    "reference_lora": Command(cmd_reference, TRAIN, "a never-trained reference adapter"),
+    "author_reference_lora": Command(cmd_reference, TRAIN, "an author family's never-trained reference adapter"),
+    "bsft": Command(cmd_bsft, TRAIN, "bSFT adapters at each training length", outs="t<STEP>=DIR ... [noise=DIR]"),
+    "unlearn": Command(cmd_unlearn, (*TRAIN, "adapter", "state_in", "state_out"),
+                       "unlearning checkpoints at each K", outs="K=DIR ..."),
+    "variant_manifest": Command(cmd_variant, ("params", "model", "variant", "adapters", "apply", "import_check",
+                                              "weight_cache", "out"), "a variant's manifest and fingerprint"),
+    "decode_pass": Command(cmd_decode, PASS, "decode records of a probe group's variants"),
+    "teacher_forced_pass": Command(cmd_score, PASS, "token records of a probe group's variants"),
+    "tables": Command(cmd_tables, ("params", "decode", "tokens", "out"), "every table, from records files"),
+    "plots": Command(cmd_plots, ("params", "tables", "tokens", "out"), "every plot, from tables and token records"),
+    "summary": Command(cmd_summary, ("tables", "out", "readme"), "the run's summary page, from its tables"),
+    "export": Command(cmd_export, ("params", "model", "data", "out"), "the open-unlearning export"),
+    "status": Command(cmd_status, ("run_dir",), "the progress of the newest run in a working directory"),
+    "plan": Command(cmd_plan, ("configfile", "model_config", "throughput", "plan_out"),
+                    "the cost plan of the config files: jobs, tokens, GPU-hours"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="canary_audit", description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=sorted(COMMANDS))
-    p.add_argument("--params", default="{}", help="the rule's config slice, as JSON, or @FILE holding it")
-    p.add_argument("--model", help="the model entry, as JSON (name, path, dtype, think tags)")
-    p.add_argument("--data", help="synthetic data folder")
-    p.add_argument("--text-model", help="the text model a vision-language build starts from (vision)")
-    p.add_argument("--adapter", help="adapter folder to continue from (unlearning)")
-    p.add_argument("--state-in", help="training state of the previous unlearning segment (fine job grain)")
-    p.add_argument("--state-out", help="where an unlearning segment saves its final training state")
-    p.add_argument("--unit", help="probe unit a pass runs alone: auto or a prefill arm (fine job grain)")
-    p.add_argument("--adapters", nargs="*", default=[], help="adapter stack of a variant")
-    p.add_argument("--variant", help="variant name")
-    p.add_argument("--apply", choices=("stacked", "merged"), default="stacked",
-                   help="how a variant's last adapter is applied: live (stacked) or merged into the weights")
-    p.add_argument("--probe-sets", nargs="*", default=["all"],
-                   help="probe sets a pass runs (hex: the hex canaries and their decoys only)")
-    p.add_argument("--variant-manifest", nargs="*", default=[], help="variant manifest JSON file(s)")
-    p.add_argument("--decode", nargs="*", default=[], help="decode records files")
-    p.add_argument("--tokens", nargs="*", default=[], help="token records files")
-    p.add_argument("--tables", help="tables folder (plots are drawn from its CSVs)")
-    p.add_argument("--out", nargs="*", default=[None], help="output path(s) (every command but status)")
-    p.add_argument("--summary", help="where to write a JSON summary")
-    p.add_argument("--readme", help="summary: the README whose short result is rewritten from the run's figures")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--import-check", help="an imported variant's entry and the base it must fit, as JSON (variant)")
-    p.add_argument("--weight-cache", help="folder of cached weight-file digests (variant manifests, probe passes)")
-    p.add_argument("--configfile", nargs="*", default=["workflow_config.yaml"],
-                   help="plan: the config files, layered as snakemake layers them")
-    p.add_argument("--model-config", nargs="*", default=[],
-                   help="plan: MODEL=config.json of a checkpoint not on this machine (its architecture)")
-    p.add_argument("--throughput", help="plan: a throughput table (default: the package's throughput.json)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        cp = sub.add_parser(name, help=command.help, description=command.help)
+        for arg in command.arguments:
+            flags, options = ARGUMENTS[arg]
+            if arg == "out" and command.outs:
+                options = {**options, "nargs": "+", "metavar": "OUT", "help": f"outputs: {command.outs}"}
+            cp.add_argument(*flags, **options)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command not in ("status", "plan") and args.out == [None]:
-        parser.error(f"--out is required for `{args.command}`")
-    if args.command not in ("unlearn", "canary", "bsft"):
-        args.out = args.out[0]
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.perf_counter()
-    params = Path(args.params[1:]).read_text() if args.params.startswith("@") else args.params
-    result = COMMANDS[args.command](args, json.loads(params))
+    raw = getattr(args, "params", "{}")
+    params = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+    result = COMMANDS[args.command].run(args, json.loads(params))
     log.info("%s done in %.1fs: %s", args.command, time.perf_counter() - t0, json.dumps(result, default=str))
     return 0
 

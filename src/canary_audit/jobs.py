@@ -1,5 +1,5 @@
-"""The workflow's model-loading jobs, declared once: rule name -> the
-`python -m canary_audit` command it runs.
+"""The workflow's model-loading jobs, declared once: their rule names, which
+are also the `python -m canary_audit` sub-commands they run.
 
 Their start-up is mostly imports of torch, transformers and peft, which the
 warm start (warm.py) pays once per run; the workflow starts the warm server
@@ -8,20 +8,10 @@ maps a warm-started command's log line back to its rule.  No imports here:
 the warm server reads this before it preloads anything.
 """
 
-MODEL_JOBS = {
-    "embedded_base": "base",
-    "embedded_vision_base": "vision",
-    "memorize": "memorize",
-    "control_lora": "control",
-    "control_hex_lora": "hexplant",
-    "canary_lora": "canary",
-    "reference_lora": "reference",
-    "author_reference_lora": "authorreference",
-    "bsft": "bsft",
-    "unlearn": "unlearn",
-    "decode_pass": "decode",
-    "teacher_forced_pass": "score",
-}
+MODEL_JOBS = (
+    "embedded_base", "embedded_vision_base", "memorize", "control_lora", "control_hex_lora", "canary_lora",
+    "reference_lora", "author_reference_lora", "bsft", "unlearn", "decode_pass", "teacher_forced_pass",
+)
 
 # The views: one job each, run once every record exists, with little or
 # nothing beside them: `plan` counts them as a stage, `status` does not

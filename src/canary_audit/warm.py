@@ -33,7 +33,7 @@ from canary_audit.jobs import MODEL_JOBS
 
 ENV_VAR = "CANARY_AUDIT_WARM"
 # Commands that load a model: the only ones whose start-up the imports dominate.
-MODEL_COMMANDS = frozenset(MODEL_JOBS.values())
+MODEL_COMMANDS = frozenset(MODEL_JOBS)
 # How long a job waits for a server that is still importing (its pid is
 # alive, its socket not bound yet) before it starts on its own.
 STARTUP_WAIT_S = 30.0
