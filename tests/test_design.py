@@ -572,3 +572,26 @@ def test_an_unquoted_on_key_of_an_import_is_read_as_on():
                           "on: base}\n")
     assert True in user["models"]["tiny"]["imports"]["x"]
     assert merge(DEFAULT, user)["models"]["tiny"]["imports"]["x"]["on"] == "base"
+
+
+def test_the_design_and_the_registries_import_no_execution_module():
+    """The design, the probe registry and the table registry are read at
+    every parse and by the tables job: none of their modules imports a
+    module that runs a model (passes, engine, scoring, loading, training),
+    at the top or inside a function."""
+    import ast
+
+    execution = ("canary_audit.probes.passes", "canary_audit.probes.engine", "canary_audit.probes.scoring",
+                 "canary_audit.model.loading", "canary_audit.model.embedded", "canary_audit.model.vision",
+                 "canary_audit.train.adapters", "canary_audit.train.lora", "canary_audit.train.plants", "torch",
+                 "transformers", "peft")
+    pkg = ROOT / "src" / "canary_audit"
+    pure = [*(pkg / "design").glob("*.py"), *(pkg / "probes" / "kinds").glob("*.py"), *(pkg / "views").glob("*.py"),
+            pkg / "probes" / "units.py", pkg / "probes" / "items.py", pkg / "tables.py"]
+    found = []
+    for path in pure:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.relative_to(pkg)}: {n}" for n in names if n.startswith(execution)]
+    assert not found, found

@@ -78,7 +78,8 @@ def test_own_secrets_are_matched_with_their_formats_suffix():
 
 def test_a_hex_pass_writes_the_records_in_the_hex_unit_and_the_tables_read_them(tiny_assets):
     from canary_audit.model.spec import ModelSpec
-    from canary_audit.probes.passes import decode_pass, unit_hashes
+    from canary_audit.probes.passes import decode_pass
+    from canary_audit.probes.units import unit_hashes
     from canary_audit.tables import build_tables
 
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "engine": "continuous", "max_new_tokens": 30,

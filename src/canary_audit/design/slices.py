@@ -22,7 +22,7 @@ from canary_audit.design.layout import (
 )
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.kinds import kind_named, resolved_settings
-from canary_audit.probes.units import AUTO, HEX_ONLY
+from canary_audit.probes.units import AUTO, HEX_ONLY, unit_hashes
 from canary_audit.probes.units import HEX as HEX_UNIT
 
 
@@ -123,8 +123,6 @@ class Slices:
     def probe_hashes(self) -> dict[str, dict[str, str]]:
         """Per kind of record, the config hash each probe unit's records must
         carry (probes/units.py): tables refuse others."""
-        from canary_audit.probes.passes import unit_hashes
-
         return {"decode": unit_hashes(self.probe_slice("decode")),
                 "token": unit_hashes(self.probe_slice("teacher_forced"))}
 

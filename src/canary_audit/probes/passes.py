@@ -27,7 +27,7 @@ from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import DecodeItem, decode_items, scored_items
 from canary_audit.probes.kinds import kind_of_set
 from canary_audit.probes.scoring import length_sorted_batches, prepare_scoring, score_prepared
-from canary_audit.probes.units import SAMPLED, probe_units, unit_config, unit_of_arm_expr
+from canary_audit.probes.units import SAMPLED, unit_hashes, unit_of_arm_expr
 from canary_audit.provenance import code_version
 from canary_audit.records import config_hash, conform, to_records
 
@@ -68,12 +68,6 @@ class JobInputs:
         if key != self._key:
             self._key, self._value = key, build()
         return self._value
-
-
-def unit_hashes(cfg: dict) -> dict[str, str]:
-    """Probe unit -> the hash of the settings its records depend on (thread
-    count excluded: it is not part of what was asked); see units.py."""
-    return {u: config_hash(unit_config(cfg, u)) for u in probe_units(cfg.get("prefills", {}))}
 
 
 def stamp(frame: pl.DataFrame, cfg: dict, weights: str) -> pl.DataFrame:

@@ -72,3 +72,11 @@ def unit_config(pass_cfg: dict, unit: str) -> dict:
     if unit not in prefills:
         raise ValueError(f"probe unit `{unit}` is not a prefill arm of this pass (arms: {', '.join(sorted(prefills))})")
     return {**{k: v for k, v in common.items() if k not in HEX_ONLY}, **own, "prefills": {unit: prefills[unit]}}
+
+
+def unit_hashes(cfg: dict) -> dict[str, str]:
+    """Probe unit -> the hash of the settings its records depend on (thread
+    count excluded: it is not part of what was asked)."""
+    from canary_audit.records import config_hash  # records reads this module's arms
+
+    return {u: config_hash(unit_config(cfg, u)) for u in probe_units(cfg.get("prefills", {}))}
