@@ -1,5 +1,6 @@
 """What the views read: the variant table, parents, references, strata,
-paper B's cells and the tables a config produces (the table registry)."""
+paper B's cells and which parts of the table registry (views/catalog.py) a
+config turns on."""
 
 from __future__ import annotations
 
@@ -111,7 +112,9 @@ class Views:
         order: the one list the tables job writes (each, empty with a reason
         where the records hold none), the workflow expects and the plots
         read."""
-        from canary_audit.views.catalog import registry
+        from canary_audit.views.catalog import PARTS, registry
 
         parts = self.table_parts()
+        if parts - set(PARTS):
+            raise ValueError(f"Design.table_parts names parts the table registry lacks: {sorted(parts - set(PARTS))}")
         return [t.name for t in registry() if t.part in parts]
