@@ -259,7 +259,7 @@ def cmd_status(args, params):
     printed, not written."""
     from canary_audit.status import report
 
-    print(report(Path(args.data or ".")))
+    print(report(Path(args.dir)))
     return {}
 
 
@@ -337,7 +337,7 @@ ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "tokens": (("--tokens",), {"nargs": "*", "default": [], "help": "token records files"}),
     "tables": (("--tables",), {"required": True, "help": "a tables folder"}),
     "readme": (("--readme",), {"help": "a README whose short result is rewritten from the run's figures"}),
-    "run_dir": (("--dir",), {"default": ".", "dest": "data", "help": "the working directory of the run"}),
+    "run_dir": (("--dir",), {"default": ".", "help": "the working directory of the run"}),
     "configfile": (("--configfile",), {"nargs": "+", "default": ["workflow_config.yaml"],
                                        "help": "the config files, layered as snakemake layers them"}),
     "model_config": (("--model-config",), {"nargs": "*", "default": [],

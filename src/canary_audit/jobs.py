@@ -3,8 +3,8 @@ are also the `python -m canary_audit` sub-commands they run.
 
 Their start-up is mostly imports of torch, transformers and peft, which the
 warm start (warm.py) pays once per run; the workflow starts the warm server
-only when one of these rules has jobs to run, and the end-to-end benchmark
-maps a warm-started command's log line back to its rule.  No imports here:
+only when one of these rules has jobs to run, and a warm-started job's log
+line names its command, which is its rule.  No imports here:
 the warm server reads this before it preloads anything.
 """
 

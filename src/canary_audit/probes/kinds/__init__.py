@@ -47,7 +47,8 @@ class ItemInputs:
     vision: Any = None
 
     def settings(self, kind: str) -> dict:
-        return {**kind_named(kind).settings, **self.cfg.get("kinds", {}).get(kind, {})}
+        """`kind`'s settings, its defaults filled in and checked (resolved_settings)."""
+        return resolved_settings({kind: self.cfg.get("kinds", {}).get(kind, {})})[kind]
 
 
 @dataclass(frozen=True)
