@@ -118,7 +118,7 @@ def main() -> int:
     import torch
 
     from canary_audit.probes.engine import greedy_continuous, sampled_continuous
-    from canary_audit.probes.items import ScoredItem
+    from canary_audit.probes.kinds import ScoredItem
     from canary_audit.probes.passes import generate_greedy, sample_continuations
     from canary_audit.probes.scoring import score_tokens
     from canary_audit.train.lora import Encoded, lora_config, train_loop

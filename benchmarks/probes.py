@@ -49,6 +49,7 @@ def main() -> int:
 
     import torch
 
+    from canary_audit.design.slices import resolved_settings
     from canary_audit.formats import ChatFormat
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
@@ -63,7 +64,7 @@ def main() -> int:
     tok = load_tokenizer(spec)
     fmt = ChatFormat(tok, spec.think_open, spec.think_close)
     model = load_model(spec, [results / "models" / args.model / "adapters" / args.variant])
-    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6}
+    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6, "kinds": resolved_settings({})}
     print(f"model {args.model}/{args.variant}: {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{args.threads} thread(s)")
 

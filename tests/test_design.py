@@ -11,6 +11,7 @@ import yaml
 from conftest import ROOT
 
 from canary_audit.design import BSFT_SOURCES, ConfigError, Design
+from canary_audit.design.slices import resolved_settings
 from canary_audit.formats import TEMPLATES
 from canary_audit.layers import merge
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
@@ -319,7 +320,7 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     assert len(record_sets) == len(set(record_sets)) and {s for v in PROBE_SETS.values() for s in v} <= set(
         record_sets)
     sets = {*record_sets, *(k.name for k in probe_kinds())}
-    registries = {"views/catalog.py", "records.py"}
+    registries = {"views/catalog.py", "views/table.py", "records.py"}
     declared = []
     for path in (ROOT / "src" / "canary_audit").rglob("*.py"):
         rel = path.relative_to(ROOT / "src" / "canary_audit").as_posix()
@@ -372,7 +373,7 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     from canary_audit.records import PROBE_SETS
 
     fmt = ChatFormat(load_tokenizer(ModelSpec("tiny", tiny_assets[1])), "<think>", "</think>")
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6}
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "kinds": resolved_settings({})}
     written = {it.probe_set for it in decode_items(fmt, tiny_assets[0], cfg)} | {
         it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg)}
     # A text model writes every probe set of the registry but the unseen-image

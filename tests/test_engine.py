@@ -11,6 +11,7 @@ import collections
 import pytest
 import torch
 
+from canary_audit.design.slices import resolved_settings
 from canary_audit.probes.engine import greedy_continuous
 from canary_audit.probes.passes import generate_greedy
 
@@ -59,7 +60,7 @@ def test_continuous_batching_equals_one_prompt_at_a_time_on_the_text_model(tiny_
     tok = AutoTokenizer.from_pretrained(path)
     model = widened(AutoModelForCausalLM.from_pretrained(path))
     items = decode_items(ChatFormat(tok, "<think>", "</think>"), data,
-                         {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6})
+                         {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "kinds": resolved_settings({})})
     prompts = [it.prompt for it in items]
     free, _ = generate_greedy(model, tok, prompts, 16, 1, eos_id=-1)
     # A token the model writes often stands in for EOS: rows end at different steps.
@@ -81,7 +82,8 @@ def test_continuous_batching_equals_one_prompt_at_a_time_with_images(tiny_vl_ass
 
     _, tok, fmt, vision, model = _vl(tiny_vl_assets)
     model = widened(model)
-    items = decode_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    cfg = {"prefills": {}, "head_tokens": 6, "kinds": resolved_settings({})}
+    items = decode_items(fmt, tiny_vl_assets[0], cfg, {"hex"}, vision=vision)
     prompts, images = [it.prompt for it in items], [it.image for it in items]
     reference, _ = generate_greedy(model, tok, prompts, 12, 1, images=images, vision=vision)
     assert {it.modality for it in items} == {"text", "image"} and len(set(map(str, reference))) > 1

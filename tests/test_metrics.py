@@ -254,7 +254,7 @@ def test_zlib_compresses_the_decoded_text_not_the_token_strings(tiny_assets):
 
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
-    from canary_audit.probes.items import ScoredItem
+    from canary_audit.probes.kinds import ScoredItem
     from canary_audit.probes.scoring import score_tokens
     from canary_audit.views.mia import item_scores
 

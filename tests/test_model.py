@@ -7,13 +7,15 @@ import pytest
 import torch
 from conftest import assert_token_records_close
 
+from canary_audit.design.slices import resolved_settings
 from canary_audit.formats import ChatFormat
 from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import scored_items
 from canary_audit.probes.passes import decode_pass, generate_greedy, teacher_forced_pass
 from canary_audit.probes.scoring import score_tokens, span_labels, token_fields
-from canary_audit.probes.units import unit_config, unit_of_arm_expr
+from canary_audit.probes.units import unit_config
+from canary_audit.records import unit_of_arm_expr
 
 
 @pytest.fixture(scope="module")
@@ -179,15 +181,15 @@ def test_span_priority():
 
 def test_decode_records_carry_provenance(tiny_assets, spec):
     data, _ = tiny_assets
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "kinds": resolved_settings({}),
            "engine": "continuous", "max_new_tokens": 8,
            "batch_size": 16, "threads": 1}
     frame = decode_pass(spec, [], data, cfg, "tiny/base")
     assert set(frame["arm"]) == {"auto", "prefill_bio", "greedy"}
     assert frame["model_fingerprint"].unique().to_list() == [fingerprint(spec)]
-    # one hash per probe unit: the prefill arm's records and the rest
-    per_unit = frame.group_by(pl.col("arm") == "prefill_bio").agg(pl.col("config_hash").n_unique())
-    assert per_unit["config_hash"].to_list() == [1, 1] and frame["config_hash"].n_unique() == 2
+    # one hash per probe unit (auto, the prefill arm, hex: the hex kinds' settings set it apart)
+    per_unit = frame.group_by(unit_of_arm_expr().alias("unit")).agg(pl.col("config_hash").n_unique())
+    assert per_unit["config_hash"].to_list() == [1, 1, 1] and frame["config_hash"].n_unique() == 3
     assert set(frame["stop_reason"]) <= {"eos", "length"}
 
 
@@ -198,7 +200,7 @@ def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets
     a pass over every unit, and a second prefill arm changes neither."""
     data, _ = tiny_assets
     run = decode_pass if kind == "decode" else teacher_forced_pass
-    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6,
+    cfg = {"prefills": {"bio": "{bio_opening}", "empty": ""}, "head_tokens": 6, "kinds": resolved_settings({}),
            "engine": "continuous", "max_new_tokens": 8,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
     whole = run(spec, [], data, cfg, "tiny/base")
@@ -221,7 +223,7 @@ def test_a_unit_run_alone_writes_the_whole_runs_records_of_that_unit(tiny_assets
 
 def test_hit_k_samples_are_seeded_and_counted_per_hex_canary(tiny_assets, spec):
     data, _ = tiny_assets
-    cfg = {"prefills": {}, "head_tokens": 6,
+    cfg = {"prefills": {}, "head_tokens": 6, "kinds": resolved_settings({}),
            "engine": "continuous", "max_new_tokens": 6, "batch_size": 16, "threads": 1,
            "hit_k": 3, "temperature": 1.0, "sample_seed": 7}
     frame = decode_pass(spec, [], data, cfg, "tiny/base")
@@ -241,7 +243,7 @@ def test_hex_probes_have_their_own_budget_and_run_without_think_tags(tiny_assets
     from canary_audit.probes.kinds import probe_kinds
 
     data, _ = tiny_assets
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "kinds": resolved_settings({}),
            "engine": "continuous", "max_new_tokens": 30, "hex_max_new_tokens": 4,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 0}
     plain = ModelSpec("tiny", spec.path, think_open=None, think_close=None)
@@ -280,7 +282,7 @@ def test_samples_ignore_the_checkpoints_own_generation_config(tiny_assets, spec,
         shipped / "generation_config.json").exists() else {}
     config |= {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2, "top_k": 5, "top_p": 0.5}
     (shipped / "generation_config.json").write_text(json.dumps(config))
-    cfg = {"prefills": {}, "head_tokens": 6,
+    cfg = {"prefills": {}, "head_tokens": 6, "kinds": resolved_settings({}),
            "engine": engine, "max_new_tokens": 6, "hex_max_new_tokens": 24, "batch_size": 16,
            "threads": 1, "hit_k": 4, "temperature": 1.0, "sample_seed": 5}
 
@@ -321,7 +323,7 @@ def test_one_base_per_job_with_adapters_switched_in_place_writes_the_fresh_loads
 
     data, _ = tiny_assets
     run = decode_pass if kind == "decode" else teacher_forced_pass
-    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6,
+    cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "kinds": resolved_settings({}),
            "engine": "continuous", "max_new_tokens": 8, "hex_max_new_tokens": 8,
            "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0, "sample_seed": 3}
     a, b = random_adapters

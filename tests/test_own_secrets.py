@@ -21,6 +21,7 @@ from test_workflow import planned_jobs
 
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets, write_own_secrets
 from canary_audit.design import HEX, ConfigError
+from canary_audit.design.slices import resolved_settings
 
 R = "results/smoke"
 DIGITS = "0123456789"
@@ -310,7 +311,8 @@ def test_own_secrets_on_a_vision_language_model_are_scored_after_their_images(ti
     first = records.filter((pl.col("probe_set") == "hex") & (pl.col("item_id") == "sec000")).sort("position")
     assert first["image_hash"][0] == file_sha256(cards[0])
     assert "".join(first.filter(pl.col("span") == "secret")["text"]) == secrets[0]
-    prompts = decode_items(fmt, tmp_path / "own", {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    cfg = {"prefills": {}, "head_tokens": 6, "kinds": resolved_settings({})}
+    prompts = decode_items(fmt, tmp_path / "own", cfg, {"hex"}, vision=vision)
     assert [it.image for it in prompts] == cards[:3]
     got, _ = generate_greedy(model, tok, [it.prompt for it in prompts], 4, batch_size=2,
                              images=[it.image for it in prompts], vision=vision)

@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 from test_design import design_of
 
+from canary_audit.design.slices import resolved_settings
 from canary_audit.plan import Shape, job_counts, load_throughput, model_shape, pass_sequences, plan, render
 
 TINY_DATA = {"n_authors": 4, "n_retain": 8, "n_hex_canaries": 3, "n_hex_nonmembers": 4, "n_exposure_candidates": 5,
@@ -31,7 +32,7 @@ def test_the_plans_sequences_are_the_items_the_passes_build(tiny_assets):
     design = design_of({"data": TINY_DATA})
     tok = AutoTokenizer.from_pretrained(model)
     fmt = ChatFormat(tok, "<think>", "</think>")
-    cfg = {"prefills": design.config["probes"]["prefills"], "head_tokens": 6}
+    cfg = {"prefills": design.config["probes"]["prefills"], "head_tokens": 6, "kinds": resolved_settings({})}
     for group in design.probe_groups("tiny"):
         sets = design.probe_sets_of("tiny", group)
         wanted = None if sets == "all" else set(sets.split())

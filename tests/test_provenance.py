@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 
 from canary_audit import cli, provenance
+from canary_audit.design.slices import resolved_settings
 from canary_audit.model.loading import ModelLoadError, fingerprint
 from canary_audit.model.spec import ModelSpec
 from canary_audit.provenance import code_version, file_digest
@@ -57,7 +58,7 @@ def manifest(tmp_path, model_dir, fp=None):
 
 def run_decode(tiny_assets, tmp_path, manifest_path):
     data, model = tiny_assets
-    params = {"prefills": {}, "head_tokens": 6,
+    params = {"prefills": {}, "head_tokens": 6, "kinds": resolved_settings({}),
               "engine": "continuous", "max_new_tokens": 4, "hex_max_new_tokens": 4, "batch_size": 16,
               "hit_k": 0, "temperature": 1.0, "sample_seed": 0}
     out = tmp_path / "decode.parquet"

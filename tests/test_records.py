@@ -94,7 +94,8 @@ def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path
 
 
 def test_probe_unit_settings_are_what_its_records_depend_on():
-    from canary_audit.probes.units import unit_config, unit_of_arm, unit_of_arm_expr
+    from canary_audit.probes.units import unit_config
+    from canary_audit.records import unit_of_arm, unit_of_arm_expr
 
     cfg = {"max_new_tokens": 8, "hit_k": 4, "temperature": 0.3, "head_tokens": 6, "threads": 2,
            "prefills": {"bio": "{bio_opening}", "empty": ""}}

@@ -12,6 +12,8 @@ import polars as pl
 import pytest
 from conftest import assert_token_records_close
 
+from canary_audit.design.slices import resolved_settings
+
 
 def _vl(tiny_vl_assets):
     from canary_audit.formats import ChatFormat
@@ -154,7 +156,8 @@ def test_greedy_decoding_with_images_equals_generate(tiny_vl_assets):
     with torch.no_grad():
         for param in model.model.language_model.parameters():
             param.normal_(0.0, 0.5)
-    items = decode_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+    cfg = {"prefills": {}, "head_tokens": 6, "kinds": resolved_settings({})}
+    items = decode_items(fmt, tiny_vl_assets[0], cfg, {"hex"}, vision=vision)
     assert {it.modality for it in items} == {"text", "image"}
     got, _ = generate_greedy(model, tok, [it.prompt for it in items], 12, batch_size=4,
                              images=[it.image for it in items], vision=vision)

@@ -14,7 +14,7 @@ from conftest import ROOT, assert_token_records_close, run_snakemake
 
 from canary_audit.controls import CLAIMS
 from canary_audit.jobs import MODEL_JOBS
-from canary_audit.probes.units import HEX_ARMS
+from canary_audit.records import HEX_ARMS
 from canary_audit.views.paper_b import DIAGNOSES, INCONCLUSIVE
 
 pytestmark = pytest.mark.workflow

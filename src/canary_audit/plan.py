@@ -34,8 +34,9 @@ from pathlib import Path
 
 from canary_audit.controls import CONTROL, HEX_PLANT_RECIPE, plant_of
 from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
+from canary_audit.design.slices import resolved_settings
 from canary_audit.jobs import VIEW_JOBS
-from canary_audit.probes.kinds import kind_named, resolved_settings
+from canary_audit.probes.kinds import kind_named
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
 # one token each on Qwen's): an author prompt with its prefill, a hex or own

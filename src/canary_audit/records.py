@@ -15,8 +15,6 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.probes.units import unit_of_arm_expr
-
 # Every record names the settings of its probe unit (config_hash), the weights
 # (model_fingerprint) and the code (code_version, provenance.code_version).
 PROVENANCE = {"config_hash": pl.Utf8, "model_fingerprint": pl.Utf8, "code_version": pl.Utf8}
@@ -88,6 +86,34 @@ AUTHOR_NONMEMBER = PROBE_SETS["author_nonmember"][0]
 # adapter trained on and the non-members of the same distribution no adapter
 # trained on (views/mia.py, views/privacy.py).
 MIA_POPULATIONS = {"hex": (HEX_SETS[0], NONMEMBER), "author": (PROBE_SETS["author"][0], AUTHOR_NONMEMBER)}
+
+
+# A record's `arm` names the condition it was made under, and its *probe
+# unit* (probes/units.py: the records that share one config hash): `auto`
+# (the model writes its own trace), `prefill_<name>` (a fixed trace; unit
+# `<name>`), or one of the hex family's arms (unit `hex`): greedy and
+# sampled decodes, teacher-forced records behind their preamble.  Declared
+# here, beside the schema whose `arm` column they fill, so that reading a
+# record needs no probe code.
+AUTO = "auto"
+HEX = "hex"
+PREFILL = "prefill_"
+GREEDY, SAMPLED, PREAMBLE = "greedy", "sampled", "preamble"
+HEX_ARMS = (GREEDY, SAMPLED, PREAMBLE)
+
+
+def unit_of_arm(arm: str) -> str:
+    """The unit a record's arm belongs to (`prefill_bio` -> `bio`)."""
+    if arm in HEX_ARMS:
+        return HEX
+    return arm.removeprefix(PREFILL) if arm.startswith(PREFILL) else AUTO
+
+
+def unit_of_arm_expr(arm: str = "arm") -> pl.Expr:
+    """`unit_of_arm` as a polars expression over a column of arms."""
+    return (pl.when(pl.col(arm).str.starts_with(PREFILL)).then(pl.col(arm).str.strip_prefix(PREFILL))
+            .when(pl.col(arm).is_in(list(HEX_ARMS))).then(pl.lit(HEX))
+            .otherwise(pl.lit(AUTO)))
 
 
 class RecordsError(ValueError):

@@ -8,9 +8,9 @@ from pathlib import Path
 from canary_audit.controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
+from canary_audit.design.slices import resolved_settings
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import check_prefill_templates
-from canary_audit.probes.kinds import resolved_settings
 
 
 class Checks:

@@ -21,9 +21,32 @@ from canary_audit.design.layout import (
     ConfigError,
 )
 from canary_audit.model.spec import ModelSpec
-from canary_audit.probes.kinds import kind_named, resolved_settings
-from canary_audit.probes.units import AUTO, HEX_ONLY, unit_hashes
-from canary_audit.probes.units import HEX as HEX_UNIT
+from canary_audit.probes.kinds import kind_named, probe_kinds
+from canary_audit.probes.units import HEX_ONLY, unit_hashes
+from canary_audit.records import AUTO
+from canary_audit.records import HEX as HEX_UNIT
+
+
+def resolved_settings(configured: dict, family: str | None = None) -> dict[str, dict]:
+    """Each kind's settings (of `family`, or all) with its defaults filled in,
+    for the kinds that have any: the `kinds` entry of a pass's config.
+    A key a kind does not take, or a kind that does not exist, is refused.
+    The one place a kind's defaults are filled: the job reads what the
+    pass config gives (items.own_settings)."""
+    for name, given in configured.items():
+        kind = kind_named(name)
+        extra = sorted(set(given) - set(kind.settings))
+        if extra:
+            raise ValueError(f"config key `probes.kinds.{name}`: `{kind.name}` takes no setting "
+                             f"{', '.join(f'`{k}`' for k in extra)}; its settings: "
+                             f"{', '.join(kind.settings) or 'none'}")
+    out = {k.name: {**k.settings, **configured.get(k.name, {})} for k in probe_kinds()
+           if k.settings and (family is None or k.family == family)}
+    for name, values in out.items():
+        check = kind_named(name).check
+        if check is not None:
+            check(values)
+    return out
 
 
 class Slices:

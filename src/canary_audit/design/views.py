@@ -112,7 +112,8 @@ class Views:
         order: the one list the tables job writes (each, empty with a reason
         where the records hold none), the workflow expects and the plots
         read."""
-        from canary_audit.views.catalog import PARTS, registry
+        from canary_audit.views.catalog import registry
+        from canary_audit.views.table import PARTS
 
         parts = self.table_parts()
         if parts - set(PARTS):

@@ -9,7 +9,7 @@ write its own trace; `prefill_<name>` replaces the trace with a fixed text
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
@@ -19,47 +19,13 @@ from canary_audit.data.secrets import FORMAT_FILE, record_format
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, Author
 from canary_audit.formats import ChatFormat, canary_question, document_start, encoding_start
 from canary_audit.model.tokens import canary_head
-from canary_audit.probes.kinds import ItemInputs, selected
-from canary_audit.probes.units import AUTO, GREEDY, HEX, PREAMBLE, unit_of_arm
-from canary_audit.records import AUTHOR_NONMEMBER, CANDIDATE, NONMEMBER
+from canary_audit.probes.kinds import DecodeItem, ItemInputs, ProbeKind, ScoredItem, selected
+from canary_audit.records import AUTHOR_NONMEMBER, AUTO, CANDIDATE, GREEDY, HEX, NONMEMBER, PREAMBLE, unit_of_arm
 
 AUTHOR_FIELDS = ("name", "birth_year", "birth_city", "genre", "title1", "title2")
 # `other_*`: the next author of the forget set (cyclically): a prefill in the
 # trained template's form that carries another author's facts and canary.
 PREFILL_FIELDS = (*AUTHOR_FIELDS, "bio_opening", "bio", "other_name", "other_bio_opening", "other_bio")
-
-
-@dataclass(frozen=True)
-class DecodeItem:
-    probe_set: str
-    item_id: str
-    group_id: str
-    arm: str
-    prompt: str
-    reference: str
-    subject: str = ""  # the author a canary or QA item is about; "" otherwise
-    modality: str = "text"  # text | image: what keys the secret (paper B's two canary kinds)
-    image: str | None = None  # the image file the prompt shows (a vision-language model)
-    image_hash: str | None = None
-
-
-@dataclass(frozen=True)
-class ScoredItem:
-    """A teacher-forced sequence with labelled character spans.
-
-    `spans` maps a label to a [start, end) character range of `text`; tokens
-    are labelled by the span their characters fall in (see teacher_forced).
-    """
-
-    probe_set: str
-    item_id: str
-    group_id: str
-    arm: str
-    text: str
-    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
-    modality: str = "text"
-    image: str | None = None
-    image_hash: str | None = None
 
 
 def bio_opening(author: Author) -> str:
@@ -110,14 +76,39 @@ def in_unit(items: list, unit: str | None) -> list:
     return items if unit is None else [it for it in items if unit_of_arm(it.arm) == unit]
 
 
+def own_settings(kind: ProbeKind, cfg: dict) -> dict:
+    """`kind`'s settings as the pass config gives them; a kind with settings
+    the config lacks is refused (the design fills every kind's defaults:
+    a pass config comes from Design.probe_slice or `plan`'s)."""
+    if not kind.settings:
+        return {}
+    given = cfg.get("kinds", {})
+    if kind.name not in given:
+        raise ValueError(f"the pass config has no `kinds.{kind.name}` (probe kind `{kind.name}`'s settings: "
+                         f"{', '.join(kind.settings)}); give the pass config the design makes "
+                         "(Design.probe_slice), which fills each kind's defaults")
+    return given[kind.name]
+
+
+def _built(kinds: list[ProbeKind], build: str, inputs: ItemInputs, unit: str | None) -> list:
+    """The items of `kinds` (of one unit's family where `unit` is given: a
+    hex kind's items all join the `hex` unit, an author kind's the `auto`
+    and prefill units, and a unit's job config holds its family's settings
+    only, units.unit_config)."""
+    if unit is not None:
+        kinds = [k for k in kinds if (k.family == "hex") == (unit == HEX)]
+    items = [it for kind in kinds if getattr(kind, build) is not None
+             for it in getattr(kind, build)(replace(inputs, settings=own_settings(kind, inputs.cfg)))]
+    return in_unit(items, unit)
+
+
 def decode_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
                  unit: str | None = None, vision=None) -> list[DecodeItem]:
     """The decode items of every probe kind the pass runs (kinds.selected:
     the kinds or families in `probe_sets`, all for None), in the registry's
-    order, and, given a unit, only that unit's."""
+    order, each kind given its own settings; given a unit, only that unit's."""
     check_prefill_templates(cfg["prefills"])
-    inputs = ItemInputs(fmt, data_dir, cfg, vision)
-    return in_unit([it for kind in selected(probe_sets) if kind.decode for it in kind.decode(inputs)], unit)
+    return _built(selected(probe_sets), "decode", ItemInputs(fmt, data_dir, cfg, vision), unit)
 
 
 def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str] | None = None,
@@ -125,8 +116,7 @@ def scored_items(fmt: ChatFormat, data_dir: Path, cfg: dict, probe_sets: set[str
     """The teacher-forced items of every probe kind the pass runs, as
     `decode_items` picks them."""
     check_prefill_templates(cfg["prefills"])
-    inputs = ItemInputs(fmt, data_dir, cfg, vision)
-    return in_unit([it for kind in selected(probe_sets) if kind.scored for it in kind.scored(inputs)], unit)
+    return _built(selected(probe_sets), "scored", ItemInputs(fmt, data_dir, cfg, vision), unit)
 
 
 def author_decode(inputs: ItemInputs, probe_set: str) -> list[DecodeItem]:

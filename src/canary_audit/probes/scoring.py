@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from canary_audit.model.embedded import pad_batch
-from canary_audit.probes.items import ScoredItem
+from canary_audit.probes.kinds import ScoredItem
 from canary_audit.special_tokens import VISION_TOKENS
 
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")

@@ -18,34 +18,12 @@ not of the whole probe config, so that
 
 from __future__ import annotations
 
-import polars as pl
-
 from canary_audit.probes.kinds import kind_named
+from canary_audit.records import AUTO, HEX, config_hash
 
-AUTO = "auto"
-HEX = "hex"
-PREFILL = "prefill_"
-# The arms of the hex family's records: greedy and sampled decodes,
-# teacher-forced records behind their preamble.
-GREEDY, SAMPLED, PREAMBLE = "greedy", "sampled", "preamble"
-HEX_ARMS = (GREEDY, SAMPLED, PREAMBLE)
 # Decode settings only the hex probes read (the `hex` unit): changing them
 # touches no author unit.
 HEX_ONLY = frozenset({"hit_k", "temperature", "sample_seed", "hex_max_new_tokens"})
-
-
-def unit_of_arm(arm: str) -> str:
-    """The unit a record's arm belongs to (`prefill_bio` -> `bio`)."""
-    if arm in HEX_ARMS:
-        return HEX
-    return arm.removeprefix(PREFILL) if arm.startswith(PREFILL) else AUTO
-
-
-def unit_of_arm_expr(arm: str = "arm") -> pl.Expr:
-    """`unit_of_arm` as a polars expression over a column of arms."""
-    return (pl.when(pl.col(arm).str.starts_with(PREFILL)).then(pl.col(arm).str.strip_prefix(PREFILL))
-            .when(pl.col(arm).is_in(list(HEX_ARMS))).then(pl.lit(HEX))
-            .otherwise(pl.lit(AUTO)))
 
 
 def probe_units(prefills: dict[str, str]) -> list[str]:
@@ -77,6 +55,4 @@ def unit_config(pass_cfg: dict, unit: str) -> dict:
 def unit_hashes(cfg: dict) -> dict[str, str]:
     """Probe unit -> the hash of the settings its records depend on (thread
     count excluded: it is not part of what was asked)."""
-    from canary_audit.records import config_hash  # records reads this module's arms
-
     return {u: config_hash(unit_config(cfg, u)) for u in probe_units(cfg.get("prefills", {}))}

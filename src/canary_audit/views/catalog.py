@@ -1,10 +1,10 @@
 """The table registry: every table of the audit declared once.
 
-A `Table` is its name, the part of the audit it belongs to (which decides,
-from the config alone, whether a run declares it: `Design.table_names`), the
-plots drawn from it, and its builder: a function of the records (`Context`)
-that returns its title and frame, or None where these records hold nothing
-for it.  The tables job (`build_tables`), the workflow's outputs, the plots,
+A `Table` (declared in views/table.py) is its name, the part of the audit it
+belongs to (which decides, from the config alone, whether a run declares it:
+`Design.table_names`), the plots drawn from it, and its builder: a function
+of the records (`Context`) that returns its title and frame, or None where
+these records hold nothing for it.  The tables job (`build_tables`), the workflow's outputs, the plots,
 the summary page and docs/reference.md's table list all read this registry;
 a probe kind adds its own tables beside its items (probes/kinds/).
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 
 import polars as pl
 
@@ -26,129 +24,26 @@ from canary_audit.controls import TABLE as CONTROLS_TABLE
 from canary_audit.readings import Run
 from canary_audit.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
 from canary_audit.views import paper_a, paper_b
-from canary_audit.views.blind import FOLDS, guard_table, mark, withhold_privleak
+from canary_audit.views.blind import FOLDS, mark, withhold_privleak
 from canary_audit.views.controls import controls_table, detection_floor, spill_over
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.metrics import hex_recall, nll_table
-from canary_audit.views.mia import item_scores, mia_table, settings
-from canary_audit.views.paper_a import Bootstrap
-from canary_audit.views.parser import ParserConvention
+from canary_audit.views.mia import mia_table
 from canary_audit.views.privacy import privacy_table
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 from canary_audit.views.seeds import across_seeds
 from canary_audit.views.strata import strata_table
+from canary_audit.views.table import Built, Context, Table
 
 log = logging.getLogger(__name__)
 NONMEMBER_SETS = [pair[1] for pair in MIA_POPULATIONS.values()]
 
-# The parts of the audit a config turns on (design/views.Views.table_names):
-# paper A's author probes, pooling over seeds, the planted controls, the
-# detection floor, the hex probes (with their exposure candidates and
-# repetition strata), paper B's bSFT grid (and its merged-vs-stacked pairs),
-# and the field's measures over any token records (`always`).
-PARTS = ("paper_a", "seeds", "controls", "floor", "hex", "exposure", "strata", "bsft", "merged_vs_stacked",
-         "always")
-Built = tuple[str, pl.DataFrame]
 
-
-@dataclass(frozen=True)
-class Table:
-    """One table: `build(ctx)` returns (title, frame), or None where the
-    records hold nothing for it (then the tables job writes it empty, with
-    a reason, if the run declares it)."""
-
-    name: str
-    part: str
-    build: Callable[[Context], Built | None]
-    plots: tuple[str, ...] = ()  # the plots drawn from it (plots.py)
-
-    def __post_init__(self) -> None:
-        if self.part not in PARTS:
-            raise ValueError(f"table `{self.name}`: part `{self.part}` is not one of {', '.join(PARTS)}")
-
-
-class Context:
-    """What a builder reads: the records (the planted controls' rows apart,
-    see `audited`), the view config, and the tables built so far.  Views
-    that several tables share (the leakage rates, the MIA scores, paper B's
-    cells) are computed once, on first use."""
-
-    def __init__(self, decode: pl.DataFrame, tokens: pl.DataFrame, cfg: dict) -> None:
-        self.cfg = cfg
-        self.convention = ParserConvention(**cfg.get("parser", {}))
-        self.boot = Bootstrap(**cfg.get("bootstrap", {}))
-        self.window_k, self.parents, self.variants = cfg["window_k"], cfg.get("parents", {}), cfg.get("variants", {})
-        self.contrast = cfg.get("prefill_contrast", "bio")
-        self.mia = cfg.get("mia")
-        self.ci = f"{self.boot.level:.0%} CIs: author-clustered bootstrap, B={self.boot.replicates}"
-        # Planted controls are rows of the per-variant paper A tables (read
-        # there like any variant) and of no other view: no measure pools them.
-        self.controls = [name for name, v in self.variants.items() if v.get("kind") == CONTROL]
-        self.all_decode, self.all_tokens = decode, tokens
-        self.decode, self.tokens = self.audited(decode), self.audited(tokens)
-        self.built: dict[str, Built] = {}
-
-    def audited(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """`frame` without the planted controls' rows."""
-        return frame.filter(~pl.col("variant").is_in(self.controls)) if self.controls and frame.height else frame
-
-    def has(self, kind: str, *probe_sets: str) -> bool:
-        """Whether the audited records of `kind` hold any of `probe_sets`."""
-        frame = self.decode if kind == "decode" else self.tokens
-        return bool(frame.height) and bool(frame.filter(pl.col("probe_set").is_in(list(probe_sets))).height)
-
-    @property
-    def canary(self) -> bool:
-        return self.has("decode", "canary")
-
-    @cached_property
-    def leakage(self) -> pl.DataFrame:
-        return paper_a.canary_leakage(self.all_decode, self.convention, self.boot)
-
-    @cached_property
-    def sweep(self) -> pl.DataFrame:
-        return paper_a.k_sweep(self.audited(self.leakage), self.variants)
-
-    @cached_property
-    def author_nll(self) -> pl.DataFrame:
-        return nll_table(self.all_tokens.filter(pl.col("probe_set") == "canary"), self.window_k, self.parents)
-
-    @cached_property
-    def scores(self) -> pl.DataFrame:
-        return item_scores(self.tokens, self.mia["min_k"])
-
-    @cached_property
-    def mia_settings(self) -> pl.DataFrame:
-        return settings(self.scores, self.boot.replicates, self.boot.seed)
-
-    @cached_property
-    def guard(self) -> pl.DataFrame:
-        return guard_table(self.tokens, self.mia_settings, self.cfg.get("references", {}), self.boot.replicates,
-                           self.boot.seed, self.boot.level)
-
-    @cached_property
-    def cell_probes(self) -> dict[str, pl.DataFrame]:
-        verdicts = paper_b.Verdicts(**self.cfg.get("verdicts", {}))
-        return paper_b.cell_probes(self.all_tokens, self.all_decode, self.parents, self.cfg["cells"], self.window_k,
-                                   verdicts, self.boot)
-
-    @property
-    def bsft_rule(self) -> str:
-        verdicts = paper_b.Verdicts(**self.cfg.get("verdicts", {}))
-        return f"changed at |Delta NLL| >= {verdicts.delta_nll}, |Delta hit| >= {verdicts.hit_rate}"
-
-    @property
-    def grid(self) -> pl.DataFrame:
-        """Paper B's pooled cells without the planted ones: a control's cell is
-        a row of the matrix, never a case or a merge pair of the grid."""
-        pooled = self.cell_probes["cells"]
-        return pooled.filter(pl.col("kind") != CONTROL) if pooled.height else pooled
-
-    def run(self) -> Run:
-        """The papers' readings over the tables built so far."""
-        return Run(None, self.cfg, {name: frame for name, (_, frame) in self.built.items()})
+def _run(ctx: Context) -> Run:
+    """The papers' readings over the tables built so far."""
+    return Run(None, ctx.cfg, {name: frame for name, (_, frame) in ctx.built.items()})
 
 
 def _paper_a(build: Callable[[Context], Built]) -> Callable[[Context], Built | None]:
@@ -300,7 +195,7 @@ def _controls(ctx: Context) -> Built | None:
     return (f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
             f"same way without it), read by the papers' own readings from the tables above ({ctx.ci}); spill_over: "
             f"mean |Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
-            f"reads `spilled`)", controls_table(ctx.run(), ctx.cfg.get("controls", {}), spill))
+            f"reads `spilled`)", controls_table(_run(ctx), ctx.cfg.get("controls", {}), spill))
 
 
 def _floor(ctx: Context) -> Built | None:
@@ -309,7 +204,7 @@ def _floor(ctx: Context) -> Built | None:
     return ("Detection floor: paper B's C3 plant diluted to n of the hex canaries (the rest anchored, nothing "
             "overwritten), each read by the disagreement detector; floor_share is the smallest share read as "
             "`window truncation` at this run's n",
-            detection_floor(ctx.run(), ctx.cfg["floor_plants"], ctx.cfg["n_hex_canaries"]))
+            detection_floor(_run(ctx), ctx.cfg["floor_plants"], ctx.cfg["n_hex_canaries"]))
 
 
 def _hex_tokens(ctx: Context) -> pl.DataFrame:

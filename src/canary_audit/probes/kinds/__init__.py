@@ -11,8 +11,13 @@ arm, a hex kind's the `hex` unit's arms).
 Each module of this package declares a tuple `KINDS`; `probe_kinds()` reads
 them all, in module-name order.  Adding a probe is one module here (its
 builders, its view and its `Table`s), its test, and its line in
-docs/reference.md.  Nothing here may import torch: the design and the
-tables job read this registry.
+docs/reference.md.
+
+This module is a declaration: what a builder receives (`ItemInputs`) and
+returns (`DecodeItem`, `ScoredItem`), and the kinds.  It imports nothing of
+the probes, the design or the table registry: what reads it (items.py's
+loops, units.py, the design, views/catalog.py) sits above it (the house's
+layers: canary_audit/architecture.py).  Nothing here may import torch.
 """
 
 from __future__ import annotations
@@ -27,28 +32,58 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from canary_audit.formats import ChatFormat
-    from canary_audit.probes.items import DecodeItem, ScoredItem
-    from canary_audit.views.catalog import Table
+    from canary_audit.views.table import Table
 
 FAMILIES = ("author", "hex")
 BUDGETS = ("max_new_tokens", "hex_max_new_tokens")
 
 
 @dataclass(frozen=True)
+class DecodeItem:
+    probe_set: str
+    item_id: str
+    group_id: str
+    arm: str
+    prompt: str
+    reference: str
+    subject: str = ""  # the author a canary or QA item is about; "" otherwise
+    modality: str = "text"  # text | image: what keys the secret (paper B's two canary kinds)
+    image: str | None = None  # the image file the prompt shows (a vision-language model)
+    image_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class ScoredItem:
+    """A teacher-forced sequence with labelled character spans.
+
+    `spans` maps a label to a [start, end) character range of `text`; tokens
+    are labelled by the span their characters fall in (see teacher_forced).
+    """
+
+    probe_set: str
+    item_id: str
+    group_id: str
+    arm: str
+    text: str
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+    modality: str = "text"
+    image: str | None = None
+    image_hash: str | None = None
+
+
+@dataclass(frozen=True)
 class ItemInputs:
     """What an item builder reads: the model's chat format (its tokenizer),
-    the data folder, the pass's probe config (`cfg["kinds"][name]`: the
-    kind's own settings, defaults filled in) and the vision adapter of a
-    vision-language model (None otherwise)."""
+    the data folder, the pass's probe config, the vision adapter of a
+    vision-language model (None otherwise) and `settings`, the kind's own
+    settings as the pass config gives them (`cfg["kinds"][name]`, defaults
+    filled in by the design: Design.probe_slice)."""
 
     fmt: ChatFormat
     data_dir: Path
     cfg: dict
     vision: Any = None
-
-    def settings(self, kind: str) -> dict:
-        """`kind`'s settings, its defaults filled in and checked (resolved_settings)."""
-        return resolved_settings({kind: self.cfg.get("kinds", {}).get(kind, {})})[kind]
+    settings: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,23 +169,3 @@ def selected(probe_sets: set[str] | None) -> list[ProbeKind]:
         raise ValueError(f"unknown probe sets {sorted(unknown)}: name probe kinds "
                          f"({', '.join(k.name for k in probe_kinds())}) or families ({', '.join(FAMILIES)})")
     return [k for k in probe_kinds() if k.name in probe_sets or k.family in probe_sets]
-
-
-def resolved_settings(configured: dict, family: str | None = None) -> dict[str, dict]:
-    """Each kind's settings (of `family`, or all) with its defaults filled in,
-    for the kinds that have any: the `kinds` entry of a pass's config.
-    A key a kind does not take, or a kind that does not exist, is refused."""
-    for name, given in configured.items():
-        kind = kind_named(name)
-        extra = sorted(set(given) - set(kind.settings))
-        if extra:
-            raise ValueError(f"config key `probes.kinds.{name}`: `{kind.name}` takes no setting "
-                             f"{', '.join(f'`{k}`' for k in extra)}; its settings: "
-                             f"{', '.join(kind.settings) or 'none'}")
-    out = {k.name: {**k.settings, **configured.get(k.name, {})} for k in probe_kinds()
-           if k.settings and (family is None or k.family == family)}
-    for name, values in out.items():
-        check = kind_named(name).check
-        if check is not None:
-            check(values)
-    return out

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from canary_audit.probes.items import DecodeItem, hex_rows
-from canary_audit.probes.kinds import ItemInputs, ProbeKind
-from canary_audit.probes.units import GREEDY
+from canary_audit.probes.items import hex_rows
+from canary_audit.probes.kinds import DecodeItem, ItemInputs, ProbeKind
+from canary_audit.records import GREEDY
 from canary_audit.views.bootstrap import rates_with_ci
-from canary_audit.views.catalog import Built, Context, Table
 from canary_audit.views.metrics import format_affixes
+from canary_audit.views.table import Built, Context, Table
 
 NAME = "kextract"
 
@@ -48,7 +48,7 @@ def items(inputs: ItemInputs) -> list[DecodeItem]:
     length (distinct after capping at the record's length); item id
     `<canary>@<k>`, grouped by canary."""
     tok = inputs.fmt.tokenizer
-    lengths = inputs.settings(NAME)["lengths"]
+    lengths = inputs.settings["lengths"]
     out: list[DecodeItem] = []
     for row in hex_rows(inputs.data_dir, inputs.vision, members_only=True):
         if row.image is not None:
