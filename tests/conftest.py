@@ -14,6 +14,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+# The slow tier (`-m workflow`): every test that runs Snakemake (a dry run
+# apart), a training loop over 50 steps or a SLURM job.  A test module marks
+# its own (`pytestmark`), a test that runs one itself carries the marker, and
+# a fixture that runs one marks every test using it.  run_snakemake refuses
+# to run a workflow for an unmarked test, so the fast tier
+# (`-m "not workflow"`) cannot grow one unnoticed.
+WORKFLOW_FIXTURES = ("smoke_run", "own_run", "imported_run")
+_running: list[pytest.Item] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if set(WORKFLOW_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.workflow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]
+
+
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> tuple[Path, Path]:
     """(data dir, model dir): synthetic data and a barely trained embedded-
@@ -61,7 +82,12 @@ def run_snakemake(
 ) -> subprocess.CompletedProcess:
     """Snakemake on this repository's Snakefile and the default config with
     `layer` (the smoke config unless told) and `extra_configs` on top, with
-    outputs under `workdir`."""
+    outputs under `workdir`.  Refused (a dry run apart) for a test the slow
+    tier does not hold: mark it `workflow` or add its fixture to
+    WORKFLOW_FIXTURES."""
+    if "-n" not in args and _running and _running[0].get_closest_marker("workflow") is None:
+        raise AssertionError(f"{_running[0].nodeid} runs Snakemake but is not marked `workflow` (the slow tier): "
+                             "mark it, or add the fixture that runs it to conftest.WORKFLOW_FIXTURES")
     configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / layer), *map(str, extra_configs)]
     cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--configfile", *configs, *args]

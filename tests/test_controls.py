@@ -240,6 +240,7 @@ def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
     json.dumps(table.to_dicts())  # plain values: the page and its CSV hold them as they are
 
 
+@pytest.mark.workflow
 def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_negative_clean(tmp_path):
     """The controls trained and probed by the workflow itself (tests/planted.yaml:
     6 authors and 4 hex canaries on a base pre-trained to copy, ~3 min on 2
