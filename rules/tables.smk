@@ -90,12 +90,38 @@ rule plots:
         "--tokens {input.tokens} --out {params.out} > {log} 2>&1"
 
 
-# The run's own results page (the papers' numbers, the planted controls and
-# the headline tables), as docs/results.md shows it for the default run.
+# The config's own claims judged over the finished tables (no model job):
+# changing a claim re-runs this rule and the page, nothing else.
+rule claims:
+    input:
+        tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
+        view=f"{R}/tables/view_config.json",
+    output:
+        csv=f"{R}/claims.csv",
+        md=f"{R}/claims.md",
+    log:
+        f"{R}/logs/claims.log",
+    benchmark:
+        f"{R}/benchmarks/claims.tsv"
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=canonical({"claims": DESIGN.config["claims"]}),
+        results=lambda w, input: str(Path(input.view).parent.parent),
+    shell:
+        "python -m canary_audit claims --params {params.cfg:q} --results {params.results} --out {output.csv} > {log} 2>&1"
+
+
+# The run's own results page (the papers' numbers, the config's claims, the
+# planted controls and the headline tables), as docs/results.md shows it for
+# the default run.
 rule summary:
     input:
         tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
         view=f"{R}/tables/view_config.json",
+        claims=[f"{R}/claims.csv"] if DESIGN.config["claims"] else [],
     output:
         f"{R}/summary.md",
     log:
@@ -108,5 +134,8 @@ rule summary:
         **job_resources("light"),
     params:
         tables=lambda w, input: str(Path(input.view).parent),
+        claims=lambda w, input: (
+            f"--claims-table {input.claims[0]}" if input.claims else ""
+        ),
     shell:
-        "python -m canary_audit summary --tables {params.tables} --out {output} > {log} 2>&1"
+        "python -m canary_audit summary --tables {params.tables} --out {output} {params.claims} > {log} 2>&1"

@@ -305,7 +305,37 @@ def cmd_plots(args, params):
 def cmd_summary(args, params):
     from canary_audit.summary import write_summary
 
-    return write_summary(Path(args.tables), Path(args.out), Path(args.readme) if args.readme else None)
+    return write_summary(Path(args.tables), Path(args.out), Path(args.readme) if args.readme else None,
+                         Path(args.claims_table) if args.claims_table else None)
+
+
+def cmd_claims(args, params):
+    """Judge claims (a claim file, or the config's `claims` block as params)
+    over a finished run's tables: no model job."""
+    from canary_audit.claims.judge import ClaimError, check_selectors, claims_table, fields_of, load, parse
+    from canary_audit.readings import Run
+    from canary_audit.tables import to_markdown
+
+    tables = Path(args.results) / "tables"
+    if not (tables / "view_config.json").is_file():
+        raise SystemExit(f"--results {args.results}: no tables/view_config.json there; give the results folder of "
+                         "a finished run (the one holding tables/)")
+    try:
+        claims = load(Path(args.claims)) if args.claims else parse(params.get("claims", []))
+        run = Run(tables)
+        check_selectors(claims, fields_of(run.variants, run.cells))
+        table = claims_table(run, claims)
+    except ClaimError as err:
+        raise SystemExit(str(err)) from None
+    text = to_markdown(table) if table.height else "no claims declared\n"
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table.write_csv(out)
+        out.with_suffix(".md").write_text(text)
+    print(text)
+    return {"claims": table.height, **({v: int((table["verdict"] == v).sum()) for v in table["verdict"].unique()}
+                                       if table.height else {})}
 
 
 # Each argument a command may take, declared once: flags and argparse options.
@@ -337,6 +367,10 @@ ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "tokens": (("--tokens",), {"nargs": "*", "default": [], "help": "token records files"}),
     "tables": (("--tables",), {"required": True, "help": "a tables folder"}),
     "readme": (("--readme",), {"help": "a README whose short result is rewritten from the run's figures"}),
+    "results": (("--results",), {"required": True, "help": "a finished run's results folder (holding tables/)"}),
+    "claims": (("--claims",), {"help": "a claim file (YAML list of claims); default: the params' `claims`"}),
+    "claims_out": (("--out",), {"help": "also write the claims table here (CSV, and .md beside it)"}),
+    "claims_table": (("--claims-table",), {"help": "the run's claims table, shown as a section of the page"}),
     "run_dir": (("--dir",), {"default": ".", "help": "the working directory of the run"}),
     "configfile": (("--configfile",), {"nargs": "+", "default": ["workflow_config.yaml"],
                                        "help": "the config files, layered as snakemake layers them"}),
@@ -389,7 +423,10 @@ COMMANDS: dict[str, Command] = {
     "teacher_forced_pass": Command(cmd_score, PASS, "token records of a probe group's variants"),
     "tables": Command(cmd_tables, ("params", "decode", "tokens", "out"), "every table, from records files"),
     "plots": Command(cmd_plots, ("params", "tables", "tokens", "out"), "every plot, from tables and token records"),
-    "summary": Command(cmd_summary, ("tables", "out", "readme"), "the run's summary page, from its tables"),
+    "summary": Command(cmd_summary, ("tables", "out", "readme", "claims_table"),
+                       "the run's summary page, from its tables"),
+    "claims": Command(cmd_claims, ("params", "results", "claims", "claims_out"),
+                      "claims judged over a finished run's tables (no model job)"),
     "export": Command(cmd_export, ("params", "model", "data", "out"), "the open-unlearning export"),
     "status": Command(cmd_status, ("run_dir",), "the progress of the newest run in a working directory"),
     "plan": Command(cmd_plan, ("configfile", "model_config", "throughput", "plan_out"),

@@ -137,7 +137,7 @@ class Claim:
     and names the reading (papers.READINGS) it calibrates."""
 
     key: str
-    paper_id: str  # its entry in paper_numbers.yaml
+    paper_id: str  # its paper claim's id (claims/paper_a.yaml, paper_b.yaml)
     positive: Side
     negative: Side
     construction: str

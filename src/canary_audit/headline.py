@@ -24,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.papers import beside_ours
+from canary_audit.claims.judge import beside_ours
 from canary_audit.readings import SAME, Run, ci_text
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")

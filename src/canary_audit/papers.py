@@ -1,7 +1,7 @@
-"""The papers' headline numbers beside a run's own: each entry of
-paper_numbers.yaml (the paper's value and where it stands) gets this run's
-value with its CI, read from the run's tables by the function its `measure`
-names, and a verdict:
+"""The papers' composite readings: each reads the variants a claim selects
+(claims/judge.py; the shipped claim files claims/paper_a.yaml and
+paper_b.yaml) from a run's tables into this run's value with its CI and a
+verdict:
 
 - `same direction`: the run shows the paper's effect, its CI on the paper's
   side (effect sizes are not compared: a tiny CPU model is not a 7B one);
@@ -24,10 +24,8 @@ in the `source` column.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import polars as pl
-import yaml
 
 from canary_audit.readings import (
     NOT_MEASURABLE,
@@ -51,9 +49,6 @@ from canary_audit.readings import (
 )
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 
-NUMBERS = Path(__file__).with_name("paper_numbers.yaml")
-
-
 SEED_DEPENDENT = "seed-dependent"
 
 
@@ -64,8 +59,17 @@ def _no_headline() -> Ours:
     return Ours("", NOT_MEASURABLE, "no NPO unlearning run of the BIO template in this run", "view_config.json")
 
 
-def unlearned_out_acc(run: Run) -> Ours:
-    head = run.headline()
+def _head(run: Run, names: list[str]) -> tuple[str, str] | None:
+    """(the first selected variant, its parent): the checkpoint a reading
+    reads, its seed family beside it (the judge orders a selection by model,
+    seed and largest K first)."""
+    if not names:
+        return None
+    return names[0], run.variants[names[0]]["parent"]
+
+
+def unlearned_out_acc(run: Run, names: list[str], selector: dict) -> Ours:
+    head = _head(run, names)
     if head is None or run.table("k_sweep") is None:
         return _no_headline()
     name, parent = head
@@ -165,29 +169,29 @@ def _pooled_signed(column: str, label: str, family: str) -> Callable[[dict], Rea
     return read
 
 
-def bypass_gap(run: Run) -> Ours:
-    head = run.headline()
+def bypass_gap(run: Run, names: list[str], selector: dict) -> Ours:
+    head = _head(run, names)
     if head is None:
         return _no_headline()
     return _seeds(run, head[0], lambda n: read_gap(run, n), _point(run, "canary_leakage", "gap", arm="auto"),
                   _pooled_signed("gap", "the pooled gap's", head[0]))
 
 
-def delta_ab(run: Run) -> Ours:
-    head = run.headline()
+def delta_ab(run: Run, names: list[str], selector: dict) -> Ours:
+    head = _head(run, names)
     if head is None:
         return _no_headline()
     return _seeds(run, head[0], lambda n: read_delta(run, n), _point(run, "prefill_arms", "delta_ab"),
                   _pooled_signed("delta_ab", "the pooled Delta_AB's", head[0]))
 
 
-def parser_flip(run: Run) -> Ours:
-    """Read on the audited variant with the most outputs missing the
-    closing tag (never a planted control)."""
+def parser_flip(run: Run, names: list[str], selector: dict) -> Ours:
+    """Read on the selected audited variant with the most outputs missing
+    the closing tag (never a planted control)."""
     conventions = run.table("parser_conventions")
     if conventions is None:
         return Ours("", NOT_MEASURABLE, "no parser_conventions table", "parser_conventions")
-    audited = run.audited(conventions)
+    audited = run.audited(conventions.filter(pl.col("variant").is_in(names)))
     if audited.is_empty():
         return Ours("", NOT_MEASURABLE, "no audited variant in parser_conventions", "parser_conventions")
     worst = audited.sort("missing_close", "variant", descending=[True, False]).row(0, named=True)
@@ -195,10 +199,11 @@ def parser_flip(run: Run) -> Ours:
     return _seeds(run, worst["variant"], read, _effect(read), None)
 
 
-def head_echo_share(run: Run) -> Ours:
-    """On the headline checkpoint or, where it has no bypass case, pooled
-    over the audited variants that have one (never a planted control)."""
-    head, anatomy = run.headline(), run.table("bypass_anatomy")
+def head_echo_share(run: Run, names: list[str], selector: dict) -> Ours:
+    """On the first selected checkpoint or, where it has no bypass case,
+    pooled over the run's audited variants that have one (never a planted
+    control)."""
+    head, anatomy = _head(run, names), run.table("bypass_anatomy")
     if head is None or anatomy is None:
         return _no_headline()
     read = lambda n: read_head_echo(run, n)  # noqa: E731
@@ -213,8 +218,8 @@ def head_echo_share(run: Run) -> Ours:
                  ).verdict()
 
 
-def teacher_forced_vs_greedy(run: Run) -> Ours:
-    head = run.headline()
+def teacher_forced_vs_greedy(run: Run, names: list[str], selector: dict) -> Ours:
+    head = _head(run, names)
     if head is None:
         return _no_headline()
     arm = f"prefill_{run.contrast}"
@@ -243,10 +248,11 @@ def teacher_forced_vs_greedy(run: Run) -> Ours:
     return _seeds(run, head[0], lambda n: read_tf_vs_greedy(run, n, arm), point, pooled)
 
 
-def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
-    """Whether some cell of `kinds` reads `diagnosis`, on the cells with
+def _case(run: Run, diagnosis: str, selector: dict) -> Ours:
+    """Whether some cell of the selected kind (`selector["kind"]`) reads `diagnosis`, on the cells with
     their bSFT seeds pooled (bsft_matrix) and, where several bSFT seeds ran,
     on each seed's runs (bsft_runs)."""
+    kinds = [selector.get("kind", "bsft")]
     matrix = run.table("bsft_matrix")
     if matrix is None:
         return Ours("", NOT_MEASURABLE, "no bSFT cells in this run", "bsft_matrix")
@@ -272,19 +278,19 @@ def _case(run: Run, diagnosis: str, kinds: tuple[str, ...]) -> Ours:
     return across(readings, pooled, {label: 1.0 if r.effect else -1.0 for label, r in readings.items()})
 
 
-def case_window_truncation(run: Run) -> Ours:
-    return _case(run, "window truncation", ("bsft",))
+def case_window_truncation(run: Run, names: list[str], selector: dict) -> Ours:
+    return _case(run, "window truncation", selector)
 
 
-def case_span_drift(run: Run) -> Ours:
-    return _case(run, "non-secret span drift", ("bsft",))
+def case_span_drift(run: Run, names: list[str], selector: dict) -> Ours:
+    return _case(run, "non-secret span drift", selector)
 
 
-def case_undertrained(run: Run) -> Ours:
-    return _case(run, "undertrained ambiguity", ("undertrained",))
+def case_undertrained(run: Run, names: list[str], selector: dict) -> Ours:
+    return _case(run, "undertrained ambiguity", selector)
 
 
-def case_span_drift_merged(run: Run) -> Ours:
+def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
     both = run.table("bsft_merged_vs_stacked")
     if both is None:
         return Ours("", NOT_MEASURABLE, "no merged-vs-stacked table (one application only)", "bsft_merged_vs_stacked")
@@ -305,26 +311,15 @@ def case_span_drift_merged(run: Run) -> Ours:
                 f"bsft_merged_vs_stacked: {row['model']} {row['modality']} {row['source']} t{row['step']}", seeds)
 
 
-MEASURES: dict[str, Callable[[Run], Ours]] = {f.__name__: f for f in (
-    unlearned_out_acc, bypass_gap, delta_ab, parser_flip, head_echo_share, teacher_forced_vs_greedy,
-    case_window_truncation, case_span_drift, case_span_drift_merged, case_undertrained)}
-
-
-def paper_numbers() -> list[dict]:
-    """The data file's entries; each names a measure of MEASURES."""
-    entries = yaml.safe_load(NUMBERS.read_text())
-    unknown = [e["id"] for e in entries if e["measure"] not in MEASURES]
-    if unknown:
-        raise ValueError(f"{NUMBERS.name}: entries {unknown} name no measure of canary_audit.papers")
-    return entries
-
-
-def planted(run: Run, paper_id: str) -> str:
-    """What the run's planted control of a paper number read (controls
-    table): "planted: seen / missed; negative: clean / false alarm", per
-    model where several ran one; "no control" where none calibrates it."""
+def planted(run: Run, control: str | None) -> str:
+    """What the run's planted control `control` (controls.CLAIMS key) read
+    (controls table): "planted: seen / missed; negative: clean / false
+    alarm", per model where several ran one; "no control" where none
+    calibrates the measure or the run built none."""
+    if control is None:
+        return "no control for this measure"
     controls = run.table("controls")
-    rows = controls.filter(pl.col("paper_id") == paper_id) if controls is not None else None
+    rows = controls.filter(pl.col("claim") == control) if controls is not None else None
     if rows is None or rows.is_empty():
         return "no control in this run"
     many = rows["model"].n_unique() > 1
@@ -346,25 +341,3 @@ def floor_note(run: Run, effect_share: float) -> str:
     side = "above" if effect_share >= lowest else "below"
     return (f"the paper's effect ({effect_share:.0%} of the canaries) is {side} this run's detection floor "
             f"({lowest:.0%})")
-
-
-def beside_ours(tables: Path) -> pl.DataFrame:
-    """One row per paper number: the paper's value and where, this run's
-    value, the verdict, why, how many training seeds it pools and each
-    seed's value, the table it comes from, and what its planted control
-    read (a "not reproduced" means something only where the planted effect
-    was seen)."""
-    run = Run(tables)
-    rows = []
-    for entry in paper_numbers():
-        ours = MEASURES[entry["measure"]](run)
-        why = ours.why
-        if ours.verdict == NOT_REPRODUCED and "effect_share" in entry:
-            why += f"; {floor_note(run, entry['effect_share'])}"
-        if ours.seeds == 1 and ours.verdict in (SAME, NOT_REPRODUCED):
-            why += f"; {ONE_SEED}"
-        rows.append({"paper": entry["paper"], "claim": entry["claim"], "paper_value": entry["value"],
-                     "where": entry["where"], "this_run": ours.value, "verdict": ours.verdict, "why": why,
-                     "seeds": ours.seeds, "per_seed": ours.per_seed, "planted": planted(run, entry["id"]),
-                     "source": ours.source})
-    return pl.DataFrame(rows)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.claims.judge import beside_ours
 from canary_audit.headline import NoHeadline, figures_markdown, headline_figures, write_readme
-from canary_audit.papers import beside_ours
 from canary_audit.tables import to_markdown
 
 
@@ -53,8 +53,9 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     """(title, sentence, frame) of each headline table the run has."""
     out = []
     ci = ci_level(tables)
-    out.append(("The papers' numbers beside this run", "Each headline number of paper A and paper B (typed once, "
-                "with where it stands, in canary_audit/paper_numbers.yaml) beside this run's value from the table "
+    out.append(("The papers' numbers beside this run", "Each headline number of paper A and paper B (a claim of "
+                "canary_audit/claims/paper_a.yaml or paper_b.yaml, with where it stands in its paper, judged like "
+                "any claim) beside this run's value from the table "
                 f"named in `source` ({ci} CIs). The verdict compares directions, not effect sizes: the embedded "
                 "model is a toy, the papers' are 7B. `planted` says what the claim's planted control read in "
                 "this run (the `controls` table, next).", beside_ours(tables)))
@@ -146,11 +147,13 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     return out
 
 
-def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[str, int]:
+def write_summary(tables: Path, out: Path, readme: Path | None = None, claims: Path | None = None) -> dict[str, int]:
     """Write the summary page; returns the rows of each section.  A run of
     the default audit's two models ends the page with the figures the
     README's short result quotes, and rewrites that section of `readme`
-    and the pictures it shows (from the run's plots folder)."""
+    and the pictures it shows (from the run's plots folder).  `claims`: the
+    run's claims table (the config's `claims` judged), its own section after
+    the papers'."""
     provenance = _read(tables, "provenance")
     versions = sorted(provenance["code_version"].unique()) if provenance is not None else []
     parts = [
@@ -162,7 +165,15 @@ def write_summary(tables: Path, out: Path, readme: Path | None = None) -> dict[s
         "(docs/reliability.md).\n",
     ]
     rows = {}
-    for title, sentence, frame in sections(tables):
+    found = sections(tables)
+    if claims is not None:
+        found.insert(1, ("Your claims", "Each claim of the config's `claims` block judged like the papers' "
+                         "(canary_audit/claims/judge.py): the measured value with its seed-level CI, each seed's "
+                         "value, the verdict (holds, fails, seed-dependent, below the floor, not measurable) and "
+                         "what the planted control of its measure read.",
+                         pl.read_csv(claims).select("id", "claim", "measure", "variants", "this_run", "verdict",
+                                                    "why", "seeds", "per_seed", "planted", "floor")))
+    for title, sentence, frame in found:
         parts.append(f"## {title}\n\n{sentence}\n\n{to_markdown(frame)}")
         rows[title] = frame.height
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from canary_audit.claims.judge import ClaimError, check_selectors, fields_of
+from canary_audit.claims.judge import parse as parse_claims
 from canary_audit.controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
@@ -155,12 +157,26 @@ class Checks:
             raise ConfigError(str(err)) from None
         self._check_controls()
         self._check_layers()
+        self._check_claims()
         contrast = cfg["tables"]["prefill_contrast"]
         if cfg["probes"]["prefills"] and contrast not in cfg["probes"]["prefills"]:
             raise ConfigError(
                 f"config key `tables.prefill_contrast` is `{contrast}`, which is not a prefill arm "
                 f"(`probes.prefills`: {', '.join(sorted(cfg['probes']['prefills'])) or 'none'}); name one of them"
             )
+
+    def _check_claims(self) -> None:
+        """Refuse a claim no run of this config could judge: an unknown
+        measure, a comparison it cannot make, no expectation, or a selector
+        that matches no variant this config makes (naming the nearest)."""
+        claims = self.config.get("claims") or []
+        if not claims:
+            return
+        try:
+            parsed = parse_claims(claims)
+            check_selectors(parsed, fields_of(self.variant_table(), self.cells()))
+        except ClaimError as err:
+            raise ConfigError(str(err)) from None
 
     def _check_controls(self) -> None:
         """Refuse a prefill arm named like a planted control's.  (A switched-on
