@@ -235,8 +235,9 @@ def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
 
     table = controls_table(_run(planted=True), ALL, {})
     run = Run(None, {}, {"controls": table})
-    assert planted(run, "a_bypass_gap") == "planted: seen; negative: clean"
-    assert planted(run, "b_c4_merged") == "no control in this run"
+    assert planted(run, "bypass_gap") == "planted: seen; negative: clean"
+    assert planted(run, None) == "no control for this measure"  # C4's merge collapse has none
+    assert planted(Run(None, {}, {}), "span_drift") == "no control in this run"
     json.dumps(table.to_dicts())  # plain values: the page and its CSV hold them as they are
 
 
@@ -249,7 +250,7 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     calibrated claim, and no control is pooled into another view."""
     from conftest import ROOT, run_snakemake
 
-    from canary_audit.papers import beside_ours
+    from canary_audit.claims.judge import beside_ours
 
     run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "planted.yaml",))
     tables = tmp_path / "results" / "planted" / "tables"

@@ -47,8 +47,8 @@ def written_columns(smoke_run) -> dict[str, set[str]]:
     of both record kinds and of a researcher's secrets file."""
     import polars as pl
 
+    from canary_audit.claims.judge import beside_ours
     from canary_audit.data.secrets import COLUMNS
-    from canary_audit.papers import beside_ours
     from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
 
     tables = smoke_run / "results" / "smoke" / "tables"

@@ -1,5 +1,6 @@
-"""The papers' numbers beside a run's: every entry of the data file names a
-measure, and each measure reads its table into the right verdict (hand-built
+"""The papers' numbers beside a run's: every claim of the shipped claim
+files (claims/paper_a.yaml, paper_b.yaml) names a registered measure, and the
+judge reads each one's table into the right verdict (hand-built
 tables: an effect on the paper's side, one whose CI covers 0, and a run
 without the cases a measure needs)."""
 
@@ -10,14 +11,13 @@ import json
 import polars as pl
 import pytest
 
+from canary_audit.claims.judge import beside_ours, paper_claims
 from canary_audit.papers import (
     NOT_MEASURABLE,
     NOT_REPRODUCED,
     ONE_SEED,
     SAME,
     SEED_DEPENDENT,
-    beside_ours,
-    paper_numbers,
 )
 
 HEAD = "m/npo-bio-s0-k20"
@@ -58,13 +58,13 @@ def write(tables, gap=(0.2, 0.1, 0.3), missing=0.0, bypass=(4, 3), diagnoses=("a
 
 def verdicts(tables):
     page = beside_ours(tables)
-    assert page.height == len(paper_numbers())
-    return dict(zip([e["id"] for e in paper_numbers()], zip(page["verdict"], page["why"])))
+    assert page.height == len(paper_claims())
+    return dict(zip([c.id for c in paper_claims()], zip(page["verdict"], page["why"])))
 
 
 def test_every_entry_names_a_measure_and_the_papers_values_are_typed():
-    for entry in paper_numbers():
-        assert entry["paper"] in ("A", "B") and entry["value"] and entry["where"] and entry["claim"]
+    for claim in paper_claims():
+        assert claim.paper["name"] in ("A", "B") and claim.paper["value"] and claim.paper["where"] and claim.sentence
 
 
 def test_each_measure_reads_its_table_into_a_verdict(tmp_path):

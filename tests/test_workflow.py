@@ -612,3 +612,11 @@ def test_the_cost_plan_counts_the_jobs_a_fresh_run_plans(tmp_path, layer):
     assert plan_jobs(layer=layer) == planned_jobs(tmp_path, layer=layer)
     fine = {"grain": "fine"}
     assert plan_jobs(fine, layer=layer) == planned_jobs(tmp_path, fine, layer=layer)
+
+
+def test_a_claim_runs_only_the_claims_view_and_the_page(smoke_run):
+    """Claims are judged from the finished tables: declaring one (or changing
+    it) plans the claims job and the page, no model job and no table."""
+    claim = {"id": "npo_forgets", "sentence": "NPO lowers out_acc", "measure": "out_acc",
+             "variants": {"method": "npo", "template": "bio", "k": "max"}, "compare": "parent", "expect": "lower"}
+    assert planned_jobs(smoke_run, {"claims": [claim]}) == {"claims": 1, "summary": 1, "all": 1}

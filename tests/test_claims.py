@@ -1,0 +1,207 @@
+"""Claims a researcher declares (canary_audit/claims): judged from tables
+alone into holds, fails, seed-dependent, below the floor or not measurable
+(hand-built tables), bad claims refused naming their key, the papers' page
+produced from the two shipped claim files with 1c6ecfc's verdicts on the
+default run, and the README's example claim file judged over a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from canary_audit.claims.judge import (
+    FAILS,
+    FLOOR,
+    HOLDS,
+    SEEDS,
+    UNMEASURABLE,
+    ClaimError,
+    beside_ours,
+    check_selectors,
+    claims_table,
+    fields_of,
+    paper_claims,
+    parse,
+)
+from canary_audit.claims.measures import MEASURES
+from canary_audit.readings import Run
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "tests" / "data" / "default_1c6ecfc"  # the default run's tables on 1c6ecfc (its papers' page beside)
+
+
+def variant(seed: int, k: int = 20) -> dict:
+    return {"model": "m", "kind": "unlearned", "method": "npo", "template": "bio", "run": "npo", "seed": seed,
+            "k": k, "parent": f"m/mem-bio-s{seed}"}
+
+
+def run_of(leak: dict[int, tuple[float, float, float]], pooled=None, floor=None, cells=()) -> Run:
+    """A run whose NPO checkpoint's AUTO out_acc per seed is `leak`
+    (value, lo, hi), its memorized parents' at 0.9; optionally the pooled
+    across_seeds row, a detection floor and bSFT cells."""
+    variants = {f"m/npo-bio-s{s}-k20": variant(s) for s in leak}
+    variants |= {f"m/mem-bio-s{s}": {"model": "m", "kind": "memorized", "template": "bio", "seed": s, "parent": None}
+                 for s in leak}
+    rows = [{"variant": f"m/npo-bio-s{s}-k20", "arm": "auto", "out_acc": v, "out_acc_lo": lo, "out_acc_hi": hi}
+            for s, (v, lo, hi) in leak.items()]
+    rows += [{"variant": f"m/mem-bio-s{s}", "arm": "auto", "out_acc": 0.9, "out_acc_lo": 0.8, "out_acc_hi": 1.0}
+             for s in leak]
+    frames = {"canary_leakage": pl.DataFrame(rows)}
+    if pooled:
+        frames["across_seeds"] = pl.DataFrame([{"family": "m/npo-bio-k20", "seeds": len(leak), "out_acc": pooled[0],
+                                                "out_acc_lo": pooled[1], "out_acc_hi": pooled[2]}])
+    if floor is not None:
+        frames["detection_floor"] = pl.DataFrame({"model": ["m"], "floor_share": [floor]})
+    if cells:
+        frames["bsft_matrix"] = pl.DataFrame([{"model": "m", "modality": "text", "cell": f"c{i}", "kind": "bsft",
+                                               "diagnosis": d, "delta_window": 0.0, "delta_window_lo": -0.01,
+                                               "delta_window_hi": 0.01, "delta_secret": 0.02, "delta_secret_lo": 0.01,
+                                               "delta_secret_hi": 0.03, "ref_hit1": 1.0, "hit1": 0.5}
+                                              for i, d in enumerate(cells)])
+        variants |= {f"m/bsft-c{i}": {"model": "m", "kind": "bsft", "seed": 0, "parent": "m/merged-s0"}
+                     for i in range(len(cells))}
+    return Run(None, {"variants": variants}, frames)
+
+
+LOWER = {"id": "npo_forgets", "sentence": "NPO lowers out_acc", "measure": "out_acc",
+         "variants": {"method": "npo", "template": "bio", "k": "max"}, "compare": "parent", "expect": "lower"}
+
+
+def judged(run: Run, **change) -> dict:
+    return claims_table(run, parse([{**LOWER, **change}])).row(0, named=True)
+
+
+def test_a_claim_that_holds_and_one_that_fails():
+    held = judged(run_of({0: (0.3, 0.2, 0.4)}))
+    assert held["verdict"] == HOLDS and held["seeds"] == 1 and "one training seed" in held["why"]
+    assert held["estimate"] == 0.3 and held["source"] == "canary_leakage: m/npo-bio-s0-k20 vs m/mem-bio-s0"
+    failed = judged(run_of({0: (0.85, 0.7, 0.95)}))  # the CI reaches the parent's 0.9
+    assert failed["verdict"] == FAILS and "reaches 0.9" in failed["why"]
+    assert judged(run_of({0: (0.3, 0.2, 0.4)}), expect="higher")["verdict"] == FAILS
+    within = judged(run_of({0: (0.02, 0.0, 0.05)}), compare=None, expect={"value": 0.0, "tolerance": 0.1})
+    assert within["verdict"] == HOLDS
+
+
+def test_seeds_that_disagree_and_seeds_that_agree():
+    agree = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.35, 0.25, 0.45), 2: (0.2, 0.1, 0.3)}))
+    assert agree["verdict"] == HOLDS and agree["seeds"] == 3 and "t interval" in agree["why"]
+    assert agree["per_seed"] == "s0: 0.3 [0.2, 0.4]; s1: 0.35 [0.25, 0.45]; s2: 0.2 [0.1, 0.3]"
+    split = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.99, 0.95, 1.0), 2: (0.3, 0.2, 0.4)}))
+    assert split["verdict"] == SEEDS and "s1 against the claim" in split["why"]
+    some = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.8, 0.6, 0.95), 2: (0.3, 0.2, 0.4)}))
+    assert some["verdict"] == SEEDS and "2 of 3 seeds" in some["why"]
+    # against a fixed number the pooled across_seeds row (seed x item bootstrap) is the seed-level CI
+    pooled = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.35, 0.25, 0.45)}, pooled=(0.32, 0.25, 0.4)), compare=0.5)
+    assert pooled["verdict"] == HOLDS and "pooled CI" in pooled["why"] and pooled["estimate"] == 0.32
+
+
+def test_a_claim_below_the_floor_and_one_not_measurable():
+    claim = {"id": "c3", "sentence": "C3 shows", "measure": "window_truncation", "variants": {"kind": "bsft"},
+             "expect": "read", "effect_share": 0.12}
+    below = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.5, cells=("agree", "agree")), parse([claim])).row(
+        0, named=True)
+    assert below["verdict"] == FLOOR and "below this run's detection floor (50%)" in below["why"]
+    above = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.05, cells=("agree",)), parse([claim])).row(0, named=True)
+    assert above["verdict"] == FAILS and "is above this run's detection floor" in above["why"]
+    seen = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.5, cells=("window truncation",)), parse([claim]))
+    assert seen["verdict"][0] == HOLDS
+    missing = judged(run_of({0: (0.3, 0.2, 0.4)}), measure="exposure", compare=0, expect="higher")
+    assert missing["verdict"] == UNMEASURABLE and "no `exposure` row" in missing["why"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"measure": "auc"}, r"`claims.npo_forgets.measure` is `auc`: no such measure; registered: out_acc, "),
+    ({"measure": "parser_flip"}, r"`claims.npo_forgets.compare`: measure `parser_flip` is a reading"),
+    ({"expect": None}, r"`claims.npo_forgets.expect` is missing: say the direction"),
+    ({"expect": "down"}, r"`claims.npo_forgets.expect` is 'down': expect higher, lower"),
+    ({"compare": "grandparent"}, r"`claims.npo_forgets.compare` is 'grandparent'"),
+    ({"variants": {"method": "npo", "colour": "red"}}, r"`claims.npo_forgets.variants` selects on \['colour'\]"),
+    ({"where": {"attack": "loss"}}, r"`claims.npo_forgets.where` sets \['attack'\]: measure `out_acc` reads rows by"),
+])
+def test_a_bad_claim_is_refused_naming_its_key(change, message):
+    with pytest.raises(ClaimError, match=message):
+        parse([{**LOWER, **change}])
+
+
+def test_a_selector_that_matches_no_variant_names_the_nearest():
+    fields = fields_of(run_of({0: (0.3, 0.2, 0.4)}).variants, {})
+    with pytest.raises(ClaimError, match=r"`claims.npo_forgets.variants.method` is 'nop': no variant this config "
+                                         r"makes has it; nearest: npo"):
+        check_selectors(parse([{**LOWER, "variants": {"method": "nop"}}]), fields)
+    with pytest.raises(ClaimError, match=r"matches no variant this config makes; nearest: m/mem-bio-s0, "
+                                         r"m/npo-bio-s0-k20"):
+        check_selectors(parse([{**LOWER, "variants": {"method": "npo", "template": "bio", "kind": "memorized"}}]),
+                        fields)
+
+
+def test_the_design_refuses_a_bad_claim_before_any_job():
+    from test_design import design_of
+
+    from canary_audit.design import ConfigError
+
+    with pytest.raises(ConfigError, match=r"`claims.npo_forgets.variants.template` is 'biography'"):
+        design_of({"claims": [{**LOWER, "variants": {"method": "npo", "template": "biography"}}]})
+    assert design_of({"claims": [LOWER]}).config["claims"] == [LOWER]
+
+
+def test_the_papers_claims_are_claims_and_every_measure_is_registered():
+    claims = paper_claims()
+    assert [c.id for c in claims] == ["a_out_acc", "a_bypass_gap", "a_delta_ab", "a_parser_flip", "a_head_echo",
+                                      "a_tf_vs_greedy", "b_c3", "b_c4", "b_c4_merged", "b_c5"]
+    assert all(c.measure in MEASURES and c.paper["value"] and c.paper["where"] for c in claims)
+
+
+def test_the_papers_page_on_the_default_equals_1c6ecfcs():
+    """The default run's tables on 1c6ecfc (tests/data/default_1c6ecfc, with
+    the page 1c6ecfc's own code wrote from them): the judge, reading the two
+    shipped claim files, gives every claim the same value, verdict and why."""
+    page = beside_ours(DEFAULT)
+    want = json.loads((DEFAULT / "papers_page.json").read_text())
+    assert page.select("this_run", "verdict", "why", "seeds").to_dicts() == [
+        {k: w[k] for k in ("this_run", "verdict", "why", "seeds")} for w in want]
+
+
+def test_the_readmes_claim_file_is_judged_over_a_finished_run(tmp_path):
+    """`python -m canary_audit claims` over a results folder: no model job,
+    each claim of configs/claims.yaml judged (on the default's tables)."""
+    results = tmp_path / "results"
+    (results / "tables").mkdir(parents=True)
+    for f in DEFAULT.glob("*"):
+        (results / "tables" / f.name).write_bytes(f.read_bytes())
+    out = subprocess.run([sys.executable, "-m", "canary_audit", "claims", "--results", str(results), "--claims",
+                          str(ROOT / "configs" / "claims.yaml"), "--out", str(results / "claims.csv")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    table = pl.read_csv(results / "claims.csv")
+    assert table["id"].to_list() == [c["id"] for c in yaml.safe_load((ROOT / "configs" / "claims.yaml").read_text())]
+    assert set(table["verdict"]) <= {HOLDS, FAILS, SEEDS, FLOOR, UNMEASURABLE} and (results / "claims.md").is_file()
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump([{**LOWER, "variants": {"template": "biography"}}]))
+    bad = subprocess.run([sys.executable, "-m", "canary_audit", "claims", "--results", str(results), "--claims",
+                          str(tmp_path / "bad.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode != 0 and "`claims.npo_forgets.variants.template` is 'biography'" in bad.stderr
+
+
+def test_the_readmes_claims_are_the_shipped_example_and_parse():
+    """README's "Audit your own claim" shows claims of configs/claims.yaml,
+    each of whose keys the judge reads (parse refuses any other)."""
+    text = (ROOT / "README.md").read_text().split("## Audit your own claim", 1)[1].split("\n## ", 1)[0]
+    shown = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    shipped = yaml.safe_load((ROOT / "configs" / "claims.yaml").read_text())
+    assert shown and all(c in shipped for c in shown)
+    assert [c.id for c in parse(shipped)] == [c["id"] for c in shipped]
+
+
+def test_the_summary_page_shows_the_runs_claims(tmp_path):
+    from canary_audit.summary import write_summary
+
+    table = claims_table(Run(DEFAULT), parse(yaml.safe_load((ROOT / "configs" / "claims.yaml").read_text())))
+    table.write_csv(tmp_path / "claims.csv")
+    rows = write_summary(DEFAULT, tmp_path / "summary.md", None, tmp_path / "claims.csv")
+    page = (tmp_path / "summary.md").read_text()
+    assert rows["Your claims"] == table.height and "## Your claims" in page and "npo_empties_the_answer" in page
