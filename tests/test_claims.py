@@ -205,3 +205,16 @@ def test_the_summary_page_shows_the_runs_claims(tmp_path):
     rows = write_summary(DEFAULT, tmp_path / "summary.md", None, tmp_path / "claims.csv")
     page = (tmp_path / "summary.md").read_text()
     assert rows["Your claims"] == table.height and "## Your claims" in page and "npo_empties_the_answer" in page
+
+
+def test_every_selector_key_is_a_field_the_designs_variants_carry():
+    """The selector's keys (judge.SELECTOR_KEYS) name fields the view config
+    gives each variant or bSFT cell (Variant.fields, Views.cells): a field
+    renamed there fails here instead of matching nothing."""
+    from test_design import design_of
+
+    from canary_audit.claims.judge import SELECTOR_KEYS
+
+    design = design_of({})
+    fields = fields_of(design.variant_table(), design.cells())
+    assert set(SELECTOR_KEYS) <= {key for f in fields.values() for key in f}
