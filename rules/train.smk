@@ -70,6 +70,7 @@ rule control_lora:
 rule control_hex_lora:
     input:
         data_files("hex_canaries"),
+        vision_input,
         merged=lambda w: DESIGN.variant(w.model, f"ctl-{w.hexplant}-s{w.seed}").base,
     output:
         directory(LAYOUT.adapter_dir("{model}", "ctl-{hexplant}-s{seed}")),

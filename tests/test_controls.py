@@ -115,6 +115,20 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
     assert not any(e.group == CONTROL_HEX_GROUP for e in smoke.variants("tiny").values())
 
 
+def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
+    """`controls.on_vision`: C3, C4 and C5 and their negatives on tiny_vl's
+    canary-merged bases (both modalities in one LoRA), in the same probe
+    group as the text model's, with the image data among the job's inputs;
+    the floor's dilutions stay on the text model."""
+    design = design_of(PAPER_B, {"controls": {"on_vision": True}})
+    plants = sorted(v for v, e in design.variants("tiny_vl").items() if e.kind == CONTROL)
+    assert plants == sorted(f"ctl-{n}-s0" for n in ("c3", "c3in", "c4", "c4neg", "c5", "c5neg"))
+    assert {design.variants("tiny_vl")[v].group for v in plants} == {CONTROL_HEX_GROUP}
+    assert design.cells()["tiny_vl/ctl-c5-s0"]["kind"] == CONTROL
+    assert not any(name.startswith("tiny_vl/") for name in design.floor_plants())
+    assert not any(e.kind == CONTROL for e in design_of(PAPER_B).variants("tiny_vl").values())
+
+
 def test_controls_switch_off_one_by_one_and_off_entirely():
     off = {key: False for key in (*CLAIMS, "detection_floor")}
     design = design_of({"controls": {**off, "parser_flip": True, "window_truncation": True}})

@@ -353,3 +353,33 @@ def test_items_that_begin_alike_are_scored_on_one_prefix_cache(tiny_assets, tiny
     # the same tokens, spans and text; floats within the records' tolerance,
     # rank and top-1 flipping only at near ties (conftest)
     assert_token_records_close(score_prepared(model, shared, vision), score_prepared(model, whole, vision))
+
+
+@pytest.mark.parametrize("modality", ["text", "image"])
+def test_a_paper_b_plant_numbers_its_overwrites_as_the_pass_scores_them(tiny_vl_assets, modality):
+    """On a vision-language record the plant's positions are the
+    teacher-forced pass's (text tokens after the image block, from 1): C3's
+    overwrite is the secret's last scored position, C4's is position 1 (the
+    preamble's, or an image canary's question's, first token), and no image
+    token is ever a training target."""
+    from canary_audit.probes.items import hex_rows, scored_items
+    from canary_audit.probes.scoring import score_tokens
+    from canary_audit.special_tokens import VISION_TOKENS
+    from canary_audit.train.plants import overwritten
+
+    data = tiny_vl_assets[0]
+    _, tok, fmt, vision, model = _vl(tiny_vl_assets)
+    row = next(r for r in hex_rows(data, vision, members_only=True) if r.modality == modality)
+    item = next(it for it in scored_items(fmt, data, {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
+                if it.probe_set == "hex" and it.item_id == row.item_id and it.modality == modality)
+    scored = score_tokens(model, tok, [item], batch_size=1, vision=vision)
+    secret = scored.filter(pl.col("span") == "secret")["position"]
+    image_ids = set(tok.convert_tokens_to_ids(list(VISION_TOKENS)))
+    for at, want in (("past", [secret.max()]), ("preamble", [1]), ("none", [])):
+        encoded, positions = overwritten(tok, row.text(fmt, vision), row.secret, at, 20, row.image)
+        assert positions == want, at
+        assert encoded.image == row.image and image_ids & set(encoded.ids)
+        assert all(label == -100 for i, label in zip(encoded.ids, encoded.labels) if i in image_ids)
+        changed = [label for i, label in zip(encoded.ids, encoded.labels) if label not in (-100, i)]
+        assert len(changed) == len(want)
+    assert secret.min() <= 20 < secret.max()  # the secret straddles the window on this backbone

@@ -77,6 +77,10 @@ FLOOR_CLAIM, FLOOR_PLANTS = "window_truncation", ("c3x1", "c3x3", "c3x10", "c3")
 FLOOR_TABLE = "detection_floor"
 HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10}  # LoRA shape: the bSFT recipe's
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
+# Switch (config `controls.on_vision`): paper B's plants also on each
+# vision-language model, one LoRA over its image and text canaries, read per
+# modality.  Off by default (docs/limits.md: its cost, and what it reads).
+ON_VISION = "on_vision"
 
 
 @dataclass(frozen=True)

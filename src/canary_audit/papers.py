@@ -322,8 +322,10 @@ def planted(run: Run, control: str | None) -> str:
     rows = controls.filter(pl.col("claim") == control) if controls is not None else None
     if rows is None or rows.is_empty():
         return "no control in this run"
-    many = rows["model"].n_unique() > 1
-    return "; ".join((r["model"] + ": " if many else "") + f"planted: {r['positive_verdict']}; "
+    # A side per model and canary modality, named where several read one
+    # (a controls table written before `modality` was a column names models only).
+    keys = [k for k in ("model", "modality") if k in rows.columns and rows[k].n_unique() > 1]
+    return "; ".join((" ".join(r[k] for k in keys) + ": " if keys else "") + f"planted: {r['positive_verdict']}; "
                      f"negative: {r['negative_verdict']}" for r in rows.iter_rows(named=True))
 
 

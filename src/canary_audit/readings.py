@@ -266,15 +266,16 @@ def cell_text(row: dict) -> str:
             f"hit@1 {row['ref_hit1']:.2f} -> {row['hit1']:.2f}")
 
 
-def read_case(run: Run, variant: str, diagnosis: str) -> Reading:
-    """The disagreement detector's reading of `variant`'s cell (bsft_matrix,
-    its text canaries): read where it is `diagnosis`."""
+def read_case(run: Run, variant: str, diagnosis: str, modality: str = "text") -> Reading:
+    """The disagreement detector's reading of `variant`'s cell (bsft_matrix)
+    on its canaries of `modality` (text, or image on a vision-language
+    model): read where it is `diagnosis`."""
     cell, matrix = run.cells.get(variant), run.table("bsft_matrix")
-    row = row_where(matrix, model=cell["model"], cell=cell["cell"], modality="text") if cell else None
+    row = row_where(matrix, model=cell["model"], cell=cell["cell"], modality=modality) if cell else None
     if row is None:
-        return not_in_run(f"paper B cell of {variant}", "bsft_matrix")
+        return not_in_run(f"paper B cell of {variant} ({modality} canaries)", "bsft_matrix")
     found = row["diagnosis"]
     why = f"the detector reads `{found}`" + (f" (inconclusive: {row['inconclusive_probes']})"
                                             if row.get("inconclusive_probes") else "")
     return Reading(f"{cell_text(row)}; {found}", found == diagnosis, why,
-                   f"bsft_matrix: {cell['model']} text {cell['cell']}")
+                   f"bsft_matrix: {cell['model']} {modality} {cell['cell']}")

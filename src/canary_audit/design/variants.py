@@ -13,6 +13,7 @@ from canary_audit.controls import (
     FLOOR_PLANTS,
     HEX_PLANT_RECIPE,
     HEX_PLANTS,
+    ON_VISION,
     active_plants,
     skipped,
     switched_on,
@@ -104,14 +105,18 @@ class Variants:
         """Paper B's planted controls (controls.HEX_PLANTS) on the canary-merged
         base of `seed`: LoRAs stacked on it, judged against it like a bSFT
         cell (their cells' kind is `control`, which no paper B measure pools),
-        in a probe group of their own; on text models (a vision-language
-        record's positions start after its image block: not built)."""
-        if self.is_vision(model):
+        in a probe group of their own.  On a vision-language model (with
+        `controls.on_vision`) each plant overwrites its image and its text
+        canaries alike (one LoRA, read per modality); the diluted plants of
+        the detection floor run on text models only (controls.FLOOR_PLANTS)."""
+        if self.is_vision(model) and not self.config["controls"].get(ON_VISION, False):
             return {}
         lay, out = self.layout, {}
         for plant in active_plants(self.config, "B"):
             if plant.under and not self.undertrained_sources():
                 continue  # no undertrained merged base to plant C5 on (bsft.controls.undertrained)
+            if plant.canaries is not None and self.is_vision(model):
+                continue  # the floor is measured on the text model
             if plant.canaries is not None and plant.canaries >= self.config["data"]["n_hex_canaries"]:
                 continue  # a dilution to every canary is the plant itself
             name, under = plant.variant(seed), "-under" if plant.under else ""
@@ -175,7 +180,8 @@ class Variants:
         if not self.config["controls"].get("detection_floor"):
             return {}
         n, seed = self.config["data"]["n_hex_canaries"], self.config["audit"]["seeds"][0]
-        return {f"{m}/{plant.variant(seed)}": plant.canaries or n for m in self.config["audit"]["models"]
+        return {f"{m}/{plant.variant(seed)}": plant.canaries or n
+                for m in self.config["audit"]["models"] if not self.is_vision(m)
                 for plant in map(HEX_PLANTS.get, FLOOR_PLANTS) if plant.variant(seed) in self.variants(m)}
 
     def trained_plants(self) -> list[str]:

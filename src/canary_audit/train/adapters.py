@@ -75,15 +75,16 @@ def _resume(out_dir: Path, cfg: dict, inputs: list[Path]) -> ResumeState:
 
 
 def fit_and_save(spec: ModelSpec, cfg: dict, forget: list[Encoded], retain: list[Encoded], pad_id: int,
-                 out_dir: Path, data_dir: Path) -> tuple[list[float], dict]:
+                 out_dir: Path, data_dir: Path, vision=None) -> tuple[list[float], dict]:
     """A fresh LoRA trained by `train_loop` on `forget` and `retain`, saved to
     `out_dir`, resumable from its state until then: (losses, throughput
     stats).  The shared body of the memorization LoRA, the never-trained
-    references and the planted controls (train/plants.py)."""
+    references and the planted controls (train/plants.py); `vision`: a
+    vision-language model's image inputs (model.vision.load_vision)."""
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
     stats: dict = {}
-    losses = train_loop(model, forget, retain, cfg, cfg["seed"], pad_id, resume=resume, stats=stats)
+    losses = train_loop(model, forget, retain, cfg, cfg["seed"], pad_id, resume=resume, stats=stats, vision=vision)
     save_adapter(model, out_dir)
     resume.clear()
     return losses, stats

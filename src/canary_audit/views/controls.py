@@ -28,24 +28,37 @@ from canary_audit.readings import (
 )
 
 SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM, NOT_RUN = "seen", "missed", "spilled", "clean", "false alarm", "not run"
-COLUMNS = {"model": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8, "expected": pl.Utf8,
+TEXT = "text"  # paper A's canaries, and a text model's hex canaries
+COLUMNS = {"model": pl.Utf8, "modality": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8,
+           "expected": pl.Utf8,
            "positive": pl.Utf8, "positive_reading": pl.Utf8, "spill_over": pl.Float64, "positive_verdict": pl.Utf8,
            "negative": pl.Utf8, "negative_reading": pl.Utf8, "negative_verdict": pl.Utf8, "why": pl.Utf8}
 
 
-def _reader(claim: Claim, contrast: str) -> Callable[[Run, str, Side], Reading]:
-    """How `claim` reads one side: the papers' reading for its measure."""
+def _reader(claim: Claim, contrast: str, modality: str) -> Callable[[Run, str, Side], Reading]:
+    """How `claim` reads one side: the papers' reading for its measure (paper
+    B's on the canaries of `modality`; paper A's canaries are text)."""
     readers: dict[str, Callable[[Run, str, Side], Reading]] = {
         "bypass_gap": lambda run, v, side: read_gap(run, v),
         "head_echo": lambda run, v, side: read_head_echo(run, v),
         "delta_ab": lambda run, v, side: read_delta(run, v, side.arm),
         "parser_flip": lambda run, v, side: read_parser_flip(run, v),
         "teacher_forced": lambda run, v, side: read_tf_vs_greedy(run, v, f"prefill_{contrast}", _reference(run, v)),
-        "window_truncation": lambda run, v, side: read_case(run, v, "window truncation"),
-        "span_drift": lambda run, v, side: read_case(run, v, "non-secret span drift"),
-        "undertrained": lambda run, v, side: read_case(run, v, "undertrained ambiguity"),
+        "window_truncation": lambda run, v, side: read_case(run, v, "window truncation", modality),
+        "span_drift": lambda run, v, side: read_case(run, v, "non-secret span drift", modality),
+        "undertrained": lambda run, v, side: read_case(run, v, "undertrained ambiguity", modality),
     }
     return readers[claim.key]
+
+
+def _modalities(run: Run, model: str, claim: Claim) -> list[str]:
+    """The canary modalities a claim's control is read on: paper A's are
+    text; paper B's every modality the model's cells hold (image and text
+    on a vision-language model)."""
+    matrix = run.table("bsft_matrix")
+    if claim.paper == "A" or matrix is None or not matrix.height:
+        return [TEXT]
+    return sorted(matrix.filter(pl.col("model") == model)["modality"].unique().to_list()) or [TEXT]
 
 
 def _reference(run: Run, variant: str) -> str | None:
@@ -93,42 +106,45 @@ def _label(variant: str, side: Side) -> str:
 
 
 def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) -> pl.DataFrame:
-    """One row per (model, switched-on claim): the positive's and the
-    negative's readings and verdicts, and the positive's spill-over; a claim
-    the audit cannot run (`claims`: key -> why not, "" where it runs) reads
-    `not run`, with why."""
+    """One row per (model, canary modality, switched-on claim): the
+    positive's and the negative's readings and verdicts, and the positive's
+    spill-over; a claim the audit cannot run (`claims`: key -> why not, ""
+    where it runs) reads `not run`, with why."""
     rows = []
     seeds = {(v["model"], v["seed"]) for v in run.variants.values() if v.get("kind") == CONTROL}
     for model, seed in sorted(seeds):
         for key in (k for k in CLAIMS if k in claims):  # declaration order, whatever order the config gives
             claim, why_not = CLAIMS[key], claims[key]
             if why_not:
-                rows.append({"model": model, "claim": key, "paper_id": claim.paper_id,
+                rows.append({"model": model, "modality": TEXT, "claim": key, "paper_id": claim.paper_id,
                              "construction": claim.construction, "expected": claim.expected,
                              "positive_verdict": NOT_RUN, "negative_verdict": NOT_RUN, "why": why_not})
                 continue
-            read = _reader(claim, run.contrast)
             pos_name, neg_name = (f"{model}/{s.name(seed)}" for s in (claim.positive, claim.negative))
-            if pos_name not in run.variants:  # a claim this model does not run (paper B's on a VL model)
+            if pos_name not in run.variants:  # a claim this model does not run (paper A's on a VL model)
                 continue
-            pos, neg = read(run, pos_name, claim.positive), read(run, neg_name, claim.negative)
-            spilled = spill.get(pos_name)
-            if pos.effect and spilled is not None and spilled > SPILL_BOUND:
-                pos_verdict = SPILLED
-            else:
-                pos_verdict = SEEN if pos.effect else MISSED
-            rows.append({
-                "model": model, "claim": key, "paper_id": claim.paper_id, "construction": claim.construction,
-                "expected": claim.expected, "positive": _label(pos_name, claim.positive),
-                "positive_reading": pos.value, "spill_over": spilled, "positive_verdict": pos_verdict,
-                "negative": _label(neg_name, claim.negative), "negative_reading": neg.value,
-                "negative_verdict": FALSE_ALARM if neg.effect else CLEAN,
-                "why": f"positive: {pos.why}; negative: {neg.why}",
-            })
+            for modality in _modalities(run, model, claim):
+                read = _reader(claim, run.contrast, modality)
+                pos, neg = read(run, pos_name, claim.positive), read(run, neg_name, claim.negative)
+                spilled = spill.get(pos_name)
+                if pos.effect and spilled is not None and spilled > SPILL_BOUND:
+                    pos_verdict = SPILLED
+                else:
+                    pos_verdict = SEEN if pos.effect else MISSED
+                rows.append({
+                    "model": model, "modality": modality, "claim": key, "paper_id": claim.paper_id,
+                    "construction": claim.construction, "expected": claim.expected,
+                    "positive": _label(pos_name, claim.positive), "positive_reading": pos.value,
+                    "spill_over": spilled, "positive_verdict": pos_verdict,
+                    "negative": _label(neg_name, claim.negative), "negative_reading": neg.value,
+                    "negative_verdict": FALSE_ALARM if neg.effect else CLEAN,
+                    "why": f"positive: {pos.why}; negative: {neg.why}",
+                })
     return pl.DataFrame(rows, schema=COLUMNS)
 
 
-FLOOR_COLUMNS = {"model": pl.Utf8, "claim": pl.Utf8, "variant": pl.Utf8, "canaries_overwritten": pl.Int64,
+FLOOR_COLUMNS = {"model": pl.Utf8, "modality": pl.Utf8, "claim": pl.Utf8, "variant": pl.Utf8,
+                 "canaries_overwritten": pl.Int64,
                  "canaries": pl.Int64, "share": pl.Float64, "reading": pl.Utf8, "detected": pl.Boolean,
                  "floor_share": pl.Float64}
 
