@@ -105,9 +105,13 @@ def _sweep_figures(run: Run) -> dict[str, str]:
     out["bio_gap_at"] = f"{widest['run'].upper()} at K = {widest['k']}"
     # paper A's gap is NPO's at its largest K: quoted beside that row's own gap and CI
     npo = _one(unlearned.filter((pl.col("run") == "npo") & (pl.col("k") == ks[-1])), "k_sweep for NPO at its largest K")
-    out["npo_gap"] = ci_text(npo, "gap")
     papers = beside_ours(run.tables)
     gap = _one(papers.filter(pl.col("claim").str.starts_with("parser-split bypass gap")), "the bypass-gap claim")
+    # the papers' page's own value: seed 0's row with one seed, pooled over the seeds with several
+    out["npo_gap"] = ci_text(npo, "gap") if gap["seeds"] == 1 else gap["this_run"]
+    out["seeds"] = ("one training seed" if gap["seeds"] == 1 else
+                    f"{gap['seeds']} training seeds: the verdicts and the gap pooled over them, the other figures "
+                    "seed 0's")
     out["paper_a_gap"] = gap["paper_value"].split(" ")[0]
     out["paper_a_gap_verdict"] = ("reproduced in direction" if gap["verdict"] == SAME else
                                   f"{gap['verdict']} at this scale ({gap['why']})")
@@ -190,7 +194,11 @@ def _measure_figures(run: Run) -> dict[str, str]:
         raise NoHeadline("the README's short result reads NPO on the BIO template, which this run does not run")
     authors = forgetting.filter(_of(head[0]) & (pl.col("population") == "author"))
     out["npo_auc"] = _span(authors["auc_min_k_pp"], 2)
-    out["npo_privleak"] = _signed_span(authors["privleak_min_k"], 0) + "%"
+    # PrivLeak is refused (null) on an arm whose never-trained reference is shifted (privacy.py): said, not dropped
+    kept, refused = authors["privleak_min_k"].drop_nulls(), authors["privleak_min_k"].null_count()
+    out["npo_privleak"] = ((_signed_span(kept, 0) + "%" if kept.len() else "refused on every arm")
+                           + (f" (refused on {refused} of {authors.height} arms: the never-trained reference is "
+                              "shifted)" if refused and kept.len() else ""))
     guard = _need(run, "blind_baseline")
     out["guard_checks"] = str(guard["checks_in_run"][0])
     out["guard_failed"] = str(guard.filter(pl.col("failed")).height)
@@ -203,8 +211,12 @@ def _measure_figures(run: Run) -> dict[str, str]:
 def _control_figures(run: Run) -> dict[str, str]:
     """The planted controls: how many positives were seen and negatives clean."""
     controls = _need(run, "controls")
-    return {"planted": str(controls.height),
-            "planted_seen": str(controls.filter(pl.col("positive_verdict") == "seen").height),
+    # one positive per (model, modality, claim), none where no honest plant exists; a row per negative
+    built = controls.filter(pl.col("positive_verdict") != "not built").unique(
+        [c for c in ("model", "modality", "claim") if c in controls.columns])
+    return {"planted": str(built.height),
+            "planted_seen": str(built.filter(pl.col("positive_verdict") == "seen").height),
+            "negatives": str(controls.height),
             "negatives_clean": str(controls.filter(pl.col("negative_verdict") == "clean").height)}
 
 

@@ -64,8 +64,20 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
                     "negative is built the same way without it; both are read by the same reading as the papers' "
                     "numbers above (canary_audit/controls.py). `seen` / `clean` is what a calibrated instrument "
                     "reads; spill_over is the positive's mean |Delta NLL| per trace token against its BIO twin.",
-                    controls.select("model", "claim", "positive", "positive_reading", "spill_over",
-                                    "positive_verdict", "negative", "negative_reading", "negative_verdict")))
+                    controls.select("model", *(["modality"] if "modality" in controls.columns else []), "claim",
+                                    "positive", "positive_reading", "spill_over", "positive_verdict", "negative",
+                                    "negative_reading", "negative_verdict")))
+    if (floor := _read(tables, "detection_floor")) is not None and "construction" in floor.columns:
+        keys = ["model", "claim", "construction", "canaries"]
+        out.append(("Detection floor", "Paper B's plants diluted to n of the canaries (`trained`: a LoRA that "
+                    "overwrites n; `composed`: the full plant's records of n canaries beside its twin's of the "
+                    "rest), each read by the disagreement detector; the floor is the smallest share from which "
+                    "every larger one is read, its effect in the paper's unit (C3: hit@1 lost, C4: Delta mean-K, "
+                    "C5: Delta secret). `python -m canary_audit plan` says the n a paper's effect needs.",
+                    floor.sort([*keys, "share"]).group_by(keys, maintain_order=True).agg(
+                        read_at=pl.col("canaries_overwritten").filter(pl.col("detected")).cast(pl.Utf8)
+                        .str.join(", "),
+                        floor_share=pl.col("floor_share").first(), floor_effect=pl.col("floor_effect").first())))
     if (sweep := _read(tables, "k_sweep")) is not None:
         out.append(("K sweep", "AUTO arm along each unlearning run; K = 0 is the memorized adapter "
                     f"(author-clustered bootstrap {ci} CIs).",
@@ -147,13 +159,15 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     return out
 
 
-def write_summary(tables: Path, out: Path, readme: Path | None = None, claims: Path | None = None) -> dict[str, int]:
+def write_summary(tables: Path, out: Path, readme: Path | None = None, claims: Path | None = None,
+                  run: str = "") -> dict[str, int]:
     """Write the summary page; returns the rows of each section.  A run of
     the default audit's two models ends the page with the figures the
     README's short result quotes, and rewrites that section of `readme`
     and the pictures it shows (from the run's plots folder).  `claims`: the
     run's claims table (the config's `claims` judged), its own section after
-    the papers'."""
+    the papers'.  `run` says what the run was (its config, commit and
+    machine), in the page's header."""
     provenance = _read(tables, "provenance")
     versions = sorted(provenance["code_version"].unique()) if provenance is not None else []
     parts = [
@@ -162,7 +176,7 @@ def write_summary(tables: Path, out: Path, readme: Path | None = None, claims: P
         "do not edit by hand. Code version(s) of the records: " + (", ".join(f"`{v}`" for v in versions) or "unknown")
         + ". CPU float kernels differ between machines and training amplifies the difference, so another "
         "machine gives other numbers; a verdict drawn from one training seed can read otherwise there "
-        "(docs/reliability.md).\n",
+        "(docs/reliability.md)." + (f" The run: {run}." if run else "") + "\n",
     ]
     rows = {}
     found = sections(tables)
