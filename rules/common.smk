@@ -171,9 +171,11 @@ def base_input(wildcards):
     return [DESIGN.model_path(model)] if config["models"][model].get("embedded") else []
 
 
-def model_json(wildcards, path=None):
-    """The model entry a job reads (Design.model_entry), as JSON."""
-    return canonical(DESIGN.model_entry(wildcards.model, path))
+def model_json(wildcards, path=None, merge_dtype=None):
+    """The model entry a job reads (Design.model_entry), as JSON; a variant
+    whose merge rounds into its own precision names it (`merge_dtype`)."""
+    entry = DESIGN.model_entry(wildcards.model, path)
+    return canonical({**entry, "merge_dtype": merge_dtype} if merge_dtype else entry)
 
 
 def design(method, *args):

@@ -40,6 +40,7 @@ rule tables:
                 "variants": DESIGN.variant_table(),
                 "controls": DESIGN.control_claims(),
                 "floor_plants": DESIGN.floor_plants(),
+                "composed_floors": DESIGN.composed_floors(),
                 "n_hex_canaries": config["data"]["n_hex_canaries"],
                 "think_open": DESIGN.think_opens(),
                 "expected_hashes": DESIGN.probe_hashes(),

@@ -18,6 +18,7 @@ from canary_audit.controls import (
     CONTROL_ARMS,
     CONTROL_GROUP,
     CONTROL_HEX_GROUP,
+    FLOOR_CLAIM,
     HEX_PLANTS,
     PLANTS,
     SPILL_BOUND,
@@ -25,7 +26,16 @@ from canary_audit.controls import (
 from canary_audit.design import ConfigError
 from canary_audit.formats import HEAD, NEAR, NOTAG, ChatFormat, author_examples
 from canary_audit.readings import Run
-from canary_audit.views.controls import CLEAN, FALSE_ALARM, MISSED, SEEN, SPILLED, controls_table, spill_over
+from canary_audit.views.controls import (
+    CLEAN,
+    FALSE_ALARM,
+    MISSED,
+    NOT_BUILT,
+    SEEN,
+    SPILLED,
+    controls_table,
+    spill_over,
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +90,8 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
 
 
 # Every control: paper B's plants (the smoke config leaves them out) and the META adapter bypass_gap's negative reads.
-PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "undertrained": True, "detection_floor": True},
+PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "merge_collapse": True, "undertrained": True,
+                        "detection_floor": True},
            "audit": {"templates": ["bio", "meta", "none"]}}
 
 
@@ -100,6 +111,15 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
     assert (controls["ctl-c5-s0"].base, controls["ctl-c5-s0"].parent) == (
         lay.merged_dir("tiny", "canary-s0-under"), "merged-s0-under")
     assert design.cells()["tiny/ctl-c4-s0"]["kind"] == CONTROL
+    # The merge collapse's negatives apply C4's adapter again, merged, each rounding into its own precision.
+    for name, dtype in (("ctl-c4m-s0", "bfloat16"), ("ctl-c4mf-s0", "float32")):
+        assert (controls[name].adapters, controls[name].apply, controls[name].merge_dtype) == (
+            controls["ctl-c4-s0"].adapters, "merged", dtype)
+    assert "c4m" not in design.trained_hex_plants() and "c4" in design.trained_hex_plants()
+    assert [(c["claim"], c["plant"], c["twin"]) for c in design.composed_floors()] == [
+        ("window_truncation", "tiny/ctl-c3-s0", "tiny/ctl-c4neg-s0"),
+        ("span_drift", "tiny/ctl-c4-s0", "tiny/ctl-c4neg-s0"),
+        ("undertrained", "tiny/ctl-c5-s0", "tiny/ctl-c5neg-s0")]
     assert design.probe_sets_of("tiny", CONTROL_HEX_GROUP) == "hex"
     assert design.hex_plant_slice("c3", 0)["window_k"] == design.config["tables"]["window_k"]
     assert not any(e.kind == CONTROL for e in design.variants("tiny_vl").values())  # paper B's testbed: no arms
@@ -203,7 +223,13 @@ def _run(planted: bool, negative_effect: bool = False) -> Run:
         (cases[name] if planted else "agree") if name in cases else (cases[negatives[name]] if negative_effect
                                                                       else "agree")),
         **_ci("delta_window", 0.0, -0.001, 0.001), **_ci("delta_secret", 0.3, 0.2, 0.4), "ref_hit1": 1.0,
-        "hit1": 0.0, "inconclusive_probes": ""} for name in (*cases, *negatives)]
+        "hit1": 0.0, "inconclusive_probes": "", "v_window": "up" if name == "c4" else "flat"}
+        for name in (*cases, *negatives)]
+    # The merge collapse's negatives: C4's drift kept when merged (clean), or lost (a false alarm).
+    matrix += [{"model": m, "modality": "text", "cell": f"control {name}", "diagnosis": "agree",
+                **_ci("delta_window", 0.6, 0.5, 0.7), **_ci("delta_secret", 0.0, -0.001, 0.001), "ref_hit1": 1.0,
+                "hit1": 1.0, "inconclusive_probes": "", "v_window": "flat" if negative_effect else "up"}
+               for name in ("c4m", "c4mf")]
     frames = {"canary_leakage": leak, "bypass_anatomy": anatomy, "prefill_arms": arms,
               "parser_conventions": conventions, "teacher_forced_vs_greedy": tf, "bsft_matrix": matrix}
     config = {"variants": variants, "references": references, "prefill_contrast": "bio", "cells": cells}
@@ -212,17 +238,22 @@ def _run(planted: bool, negative_effect: bool = False) -> Run:
 
 def test_every_plant_is_seen_and_every_negative_clean():
     table = controls_table(_run(planted=True), ALL, {})
-    assert table["claim"].to_list() == list(CLAIMS)
-    assert set(table["positive_verdict"]) == {SEEN} and set(table["negative_verdict"]) == {CLEAN}
+    assert table["claim"].unique(maintain_order=True).to_list() == list(CLAIMS)
+    built = table.filter(pl.col("claim") != "merge_collapse")
+    assert set(built["positive_verdict"]) == {SEEN} and set(table["negative_verdict"]) == {CLEAN}
+    collapse = table.filter(pl.col("claim") == "merge_collapse")  # no positive; a row per negative
+    assert collapse["negative"].to_list() == ["tiny/ctl-c4m-s0", "tiny/ctl-c4mf-s0"]
+    assert set(collapse["positive_verdict"]) == {NOT_BUILT} and "bfloat16 merge" in collapse["negative_reading"][0]
 
 
 def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm():
     removed = controls_table(_run(planted=False), ALL, {})
-    assert set(removed["positive_verdict"]) == {MISSED}
+    assert set(removed.filter(pl.col("claim") != "merge_collapse")["positive_verdict"]) == {MISSED}
     alarmed = controls_table(_run(planted=True, negative_effect=True), ALL, {})
     by_claim = dict(zip(alarmed["claim"], alarmed["negative_verdict"]))
     assert by_claim["bypass_gap"] == by_claim["head_echo"] == by_claim["delta_ab"] == FALSE_ALARM
     assert by_claim["window_truncation"] == by_claim["span_drift"] == by_claim["undertrained"] == FALSE_ALARM
+    assert by_claim["merge_collapse"] == FALSE_ALARM  # a merge that lost C4's drift
 
 
 def test_a_plant_that_moved_its_trace_reads_spilled():
@@ -269,14 +300,25 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "planted.yaml",))
     tables = tmp_path / "results" / "planted" / "tables"
     controls = pl.read_csv(tables / "controls.csv")
-    assert controls["claim"].to_list() == list(CLAIMS)
+    assert controls["claim"].unique(maintain_order=True).to_list() == list(CLAIMS)
     seen = dict(zip(controls["claim"], controls["positive_verdict"]))
     assert seen.pop("undertrained") in (SEEN, MISSED)  # read, not asserted at 4 canaries (tests/planted.yaml)
+    assert seen.pop("merge_collapse") == NOT_BUILT  # its negatives: C4's plant merged in bf16 and float32
     assert set(seen.values()) == {SEEN}, controls.select("claim", "positive_reading")
     assert set(controls["negative_verdict"]) == {CLEAN}, controls.select("claim", "negative_reading")
     assert controls["spill_over"].max() <= SPILL_BOUND
     conventions = pl.read_csv(tables / "parser_conventions.csv").filter(pl.col("variant") == "tiny/ctl-notag-s0")
     assert conventions["missing_close"].min() >= 0.6  # paper A's flip needs the tag missing on >= 60%
+    # The floor: C3 trained on 1 and 3 of the 4 canaries, C3, C4 and C5 composed at 1-4 of them from their
+    # plants' and twins' records; composed at all 4 it is the plant's own records and reads what the plant does.
+    floor = pl.read_csv(tables / "detection_floor.csv")
+    assert set(floor.filter(pl.col("construction") == "trained")["canaries_overwritten"]) == {1, 3, 4}
+    composed = floor.filter(pl.col("construction") == "composed")
+    assert sorted(set(composed["claim"])) == ["span_drift", "undertrained", "window_truncation"]
+    assert sorted(set(composed["canaries_overwritten"])) == [1, 2, 3, 4]
+    positive = dict(zip(controls["claim"], controls["positive_reading"]))
+    for row in composed.filter(pl.col("share") == 1.0).iter_rows(named=True):
+        assert row["reading"].split("; ")[0] == positive[row["claim"]].split("; ")[0], row
     planted = beside_ours(tables)["planted"].to_list()
     assert sum(v == "planted: seen; negative: clean" for v in planted) >= len(CLAIMS) - 1
     # Never pooled: no control in the K sweep's, utility's or any membership view's rows.
@@ -327,11 +369,54 @@ def test_the_detection_floor_is_the_smallest_diluted_share_the_detector_reads():
     cells = {v: {"model": "tiny", "cell": f"control {v[9:-3]}"} for v in plants}
     matrix = pl.DataFrame([{"model": "tiny", "modality": "text", "cell": cells[v]["cell"], "diagnosis": read[n],
                             **_ci("delta_window", 0.0, -0.001, 0.001), **_ci("delta_secret", 0.1, 0.0, 0.2),
-                            "ref_hit1": 1.0, "hit1": 1 - n / 20, "inconclusive_probes": ""}
+                            "ref_hit1": 1.0, "hit1": 1 - n / 20, "delta_hit1": -n / 20, "inconclusive_probes": ""}
                            for v, n in plants.items()])
     run = Run(None, {"cells": cells}, {"bsft_matrix": matrix})
-    floor = detection_floor(run, plants, 20)
+    floor = detection_floor(run, plants, 20, pl.DataFrame(), {})
     assert floor["detected"].to_list() == [False, False, True, True] and set(floor["floor_share"]) == {0.5}
+    assert floor["effect"].to_list() == pytest.approx([n / 20 for n in read])  # C3's unit: the hit@1 lost
+    assert set(floor["construction"]) == {"trained"} and set(floor["floor_effect"]) == {0.5}
     run = Run(None, {}, {"detection_floor": floor})
-    assert "(12% of the canaries) is below this run's detection floor (50%)" in floor_note(run, 0.12)
-    assert "is above" in floor_note(run, 0.6)
+    note = floor_note(run, FLOOR_CLAIM, 0.12)
+    assert "(12% of the canaries) is below this run's detection floor (50%)" in note
+    assert "is above" in floor_note(run, FLOOR_CLAIM, 0.6)
+    assert "no detection floor for this claim" in floor_note(run, "span_drift", effect_size=0.015)
+
+
+def test_a_floor_is_where_every_larger_dilution_is_read_and_a_claim_of_a_size_compares_with_its_effect():
+    """A dilution read below an unread one is a fluke, not the floor; C4's
+    floor is in Delta mean-K (claims/paper_b.yaml's effect_size)."""
+    from canary_audit.papers import floor_note
+    from canary_audit.views.controls import detection_floor
+
+    diagnosis = {1: "non-secret span drift", 2: "agree", 5: "non-secret span drift", 20: "non-secret span drift"}
+    plans = {f"tiny/ctl-c4-s0~x{n}": {"model": "tiny", "claim": "span_drift", "plant": "tiny/ctl-c4-s0",
+                                      "twin": "tiny/ctl-c4neg-s0", "canaries": n, "cell": f"composed x{n}"}
+             for n in diagnosis}
+    cells = pl.DataFrame([{"model": "tiny", "modality": "text", "cell": p["cell"],
+                           "diagnosis": diagnosis[p["canaries"]], "ref_hit1": 1.0, "hit1": 1.0,
+                           **_ci("delta_window", 0.03 * p["canaries"], 0.0, 1.0), **_ci("delta_secret", 0.0, -0.1, 0.1)}
+                          for name, p in plans.items()])
+    floor = detection_floor(Run(None, {}, {}), {}, 20, cells, plans)
+    assert floor["detected"].to_list() == [True, False, True, True]
+    assert set(floor["floor_share"]) == {0.25} and floor["floor_effect"][0] == pytest.approx(0.15)
+    run = Run(None, {}, {"detection_floor": floor})
+    assert "(0.0150) is below this run's detection floor (0.1500, at 25% of 20" in floor_note(
+        run, "span_drift", effect_size=0.015)
+    assert "is above" in floor_note(run, "span_drift", effect_size=0.2)
+
+
+def test_a_composed_dilution_holds_the_plants_records_of_its_first_canaries_and_the_twins_of_the_rest():
+    from canary_audit.views.controls import compose_dilutions
+
+    ids = [f"hex{i:02d}" for i in range(5)] + ["cand0"]
+    rows = [{"variant": v, "probe_set": "hex" if i.startswith("hex") else "candidate", "item_id": i, "logprob": lp}
+            for v, lp in (("m/plant", -1.0), ("m/twin", -2.0), ("m/base", -3.0)) for i in ids]
+    tokens = pl.DataFrame(rows)
+    decode = tokens.rename({"logprob": "hit"})
+    plans = {"m/plant~x2": {"plant": "m/plant", "twin": "m/twin", "canaries": 2}}
+    new_tokens, new_decode = compose_dilutions(tokens, decode, plans)
+    for frame, col in ((new_tokens, "logprob"), (new_decode, "hit")):
+        got = dict(frame.select("item_id", col).iter_rows())
+        assert set(frame["variant"]) == {"m/plant~x2"} and frame.height == len(ids)
+        assert got == {"hex00": -1.0, "hex01": -1.0, "hex02": -2.0, "hex03": -2.0, "hex04": -2.0, "cand0": -2.0}

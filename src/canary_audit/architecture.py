@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("train", ("canary_audit.train", "canary_audit.export")),
     # views/controls.py reads the papers' readings of built tables
     ("readings", ("canary_audit.readings", "canary_audit.papers", "canary_audit.claims", "canary_audit.headline",
-                  "canary_audit.views.controls")),
+                  "canary_audit.views.controls", "canary_audit.floors")),
     ("tables", ("canary_audit.views.catalog", "canary_audit.tables", "canary_audit.plots", "canary_audit.summary")),
     ("design", ("canary_audit.design", "canary_audit.plan", "canary_audit.preflight")),
     ("entry", ("canary_audit.cli", "canary_audit.__main__", "canary_audit.warm", "canary_audit.status")),

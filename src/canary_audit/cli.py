@@ -171,7 +171,7 @@ def cmd_variant(args, params):
     merged = args.apply == "merged"
     manifest = {
         "model": spec.name, "variant": args.variant, "base_path": str(spec.path),
-        "adapters": list(args.adapters), "apply": args.apply,
+        "adapters": list(args.adapters), "apply": args.apply, "merge_dtype": spec.merge_precision,
         "fingerprint": fingerprint(spec, [Path(a) for a in args.adapters], merged=merged, cache_dir=_cache(args)),
         "fields": params, "code_version": code_version(),
     }
@@ -179,14 +179,15 @@ def cmd_variant(args, params):
     return manifest
 
 
-def _variants(args) -> list[tuple[str, str, list[Path], bool, str]]:
+def _variants(args) -> list[tuple[str, str, list[Path], bool, str, str | None]]:
     """(model/variant name, base path, adapter stack, last adapter merged,
-    weights fingerprint) of each manifest, in the order given."""
+    weights fingerprint, the precision its merges round into) of each
+    manifest, in the order given."""
     out = []
     for path in args.variant_manifest:
         m = json.loads(Path(path).read_text())
         out.append((f"{m['model']}/{m['variant']}", m["base_path"], [Path(a) for a in m["adapters"]],
-                    m.get("apply") == "merged", m["fingerprint"]))
+                    m.get("apply") == "merged", m["fingerprint"], m.get("merge_dtype")))
     return out
 
 
@@ -205,9 +206,10 @@ def _run_pass(args, params, run):
     frames, models, inputs = [], VariantModels(), JobInputs()
     sets = None if args.probe_sets == ["all"] else set(args.probe_sets)
     variants, start = _variants(args), time.perf_counter()
-    for i, (variant, base, adapters, merged, manifest_fp) in enumerate(variants, start=1):
+    for i, (variant, base, adapters, merged, manifest_fp, merge_dtype) in enumerate(variants, start=1):
         t0 = time.perf_counter()
         spec = dataclasses.replace(_spec(args), path=Path(base))
+        spec = dataclasses.replace(spec, merge_dtype=merge_dtype) if merge_dtype else spec
         weights = fingerprint(spec, adapters, merged, cache_dir=_cache(args))
         if weights != manifest_fp:
             raise ModelLoadError(
@@ -278,6 +280,8 @@ def cmd_plan(args, params):
     from snakemake.utils import validate
 
     from canary_audit.design import Design
+    from canary_audit.floors import load as load_floors
+    from canary_audit.floors import render as render_floors
     from canary_audit.layers import merge
     from canary_audit.plan import THROUGHPUT, load_throughput, model_shape, plan, plan_to_json, render, total_gpu_hours
 
@@ -289,9 +293,30 @@ def cmd_plan(args, params):
     speed = load_throughput(Path(args.throughput) if args.throughput else THROUGHPUT)
     stages = plan(design, shapes, speed)
     print(render(stages, speed))
+    print()
+    print(render_floors(load_floors(), config["data"]["n_hex_canaries"]))
     if args.out:
         Path(args.out).write_text(json.dumps(plan_to_json(stages), indent=2))
     return {"stages": len(stages), "gpu_hours": total_gpu_hours(stages)}
+
+
+def cmd_floors(args, params):
+    """Measure the detection floors of finished runs (their tables folders),
+    fit how they scale with n, print the n each paper claim needs, and with
+    `--store` keep them for `plan` (floors.py)."""
+    from canary_audit.floors import FLOORS_FILE, measured, render, store, summary
+
+    tables = [Path(t) for t in args.tables_dirs]
+    for folder in tables:
+        if not (folder / "detection_floor.csv").is_file():
+            raise SystemExit(f"`{folder}` has no detection_floor.csv: give the tables folder of a run with "
+                             "`controls.detection_floor: true`")
+    points = measured(tables)
+    data = store(tables, run=args.run) if args.store else {"run": args.run, "points": points,
+                                                            "claims": summary(points)}
+    for n in sorted({p["canaries"] for p in points}):
+        print(render(data, n), end="\n\n")
+    return {"points": len(points), "stored": str(FLOORS_FILE) if args.store else None}
 
 
 def cmd_plots(args, params):
@@ -306,7 +331,7 @@ def cmd_summary(args, params):
     from canary_audit.summary import write_summary
 
     return write_summary(Path(args.tables), Path(args.out), Path(args.readme) if args.readme else None,
-                         Path(args.claims_table) if args.claims_table else None)
+                         Path(args.claims_table) if args.claims_table else None, args.run)
 
 
 def cmd_claims(args, params):
@@ -368,6 +393,11 @@ ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "tables": (("--tables",), {"required": True, "help": "a tables folder"}),
     "readme": (("--readme",), {"help": "a README whose short result is rewritten from the run's figures"}),
     "results": (("--results",), {"required": True, "help": "a finished run's results folder (holding tables/)"}),
+    "tables_dirs": (("--tables",), {"dest": "tables_dirs", "nargs": "+", "required": True,
+                                    "help": "tables folders of finished runs with `controls.detection_floor`"}),
+    "store": (("--store",), {"action": "store_true", "help": "write the package's floors.json (`plan` reads it)"}),
+    "run": (("--run",), {"default": "",
+                         "help": "what the run(s) were: config, commit, machine (kept beside the figures)"}),
     "claims": (("--claims",), {"help": "a claim file (YAML list of claims); default: the params' `claims`"}),
     "claims_out": (("--out",), {"help": "also write the claims table here (CSV, and .md beside it)"}),
     "claims_table": (("--claims-table",), {"help": "the run's claims table, shown as a section of the page"}),
@@ -423,12 +453,14 @@ COMMANDS: dict[str, Command] = {
     "teacher_forced_pass": Command(cmd_score, PASS, "token records of a probe group's variants"),
     "tables": Command(cmd_tables, ("params", "decode", "tokens", "out"), "every table, from records files"),
     "plots": Command(cmd_plots, ("params", "tables", "tokens", "out"), "every plot, from tables and token records"),
-    "summary": Command(cmd_summary, ("tables", "out", "readme", "claims_table"),
+    "summary": Command(cmd_summary, ("tables", "out", "readme", "claims_table", "run"),
                        "the run's summary page, from its tables"),
     "claims": Command(cmd_claims, ("params", "results", "claims", "claims_out"),
                       "claims judged over a finished run's tables (no model job)"),
     "export": Command(cmd_export, ("params", "model", "data", "out"), "the open-unlearning export"),
     "status": Command(cmd_status, ("run_dir",), "the progress of the newest run in a working directory"),
+    "floors": Command(cmd_floors, ("tables_dirs", "store", "run"),
+                      "the detection floors of finished runs, how they scale with n, the n a claim needs"),
     "plan": Command(cmd_plan, ("configfile", "model_config", "throughput", "plan_out"),
                     "the cost plan of the config files: jobs, tokens, GPU-hours"),
 }

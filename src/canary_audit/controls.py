@@ -59,6 +59,11 @@ class HexPlant:
     at: str
     under: bool = False  # on the undertrained canary's merged base (C5)
     canaries: int | None = None  # overwrite the first n canaries only (a diluted plant); None: all
+    # Another plant's adapter applied again, not trained: `applies` names it,
+    # `apply` how (merged into the base weights, rounded into `merge_dtype`).
+    applies: str | None = None
+    apply: str = "stacked"
+    merge_dtype: str | None = None
 
     def variant(self, seed: int) -> str:
         return f"ctl-{self.name}-s{seed}"
@@ -67,6 +72,8 @@ class HexPlant:
 HEX_PLANTS = {p.name: p for p in (
     HexPlant("c3", "past"), HexPlant("c3in", "inside"),
     HexPlant("c4", "preamble"), HexPlant("c4neg", "none"),
+    HexPlant("c4m", "preamble", applies="c4", apply="merged", merge_dtype="bfloat16"),
+    HexPlant("c4mf", "preamble", applies="c4", apply="merged", merge_dtype="float32"),
     HexPlant("c5", "tail", under=True), HexPlant("c5neg", "none", under=True),
     *(HexPlant(f"c3x{n}", "past", canaries=n) for n in (1, 3, 10)),
 )}
@@ -75,12 +82,47 @@ HEX_PLANTS = {p.name: p for p in (
 # `window truncation` is the floor a paper's effect must clear to be seen.
 FLOOR_CLAIM, FLOOR_PLANTS = "window_truncation", ("c3x1", "c3x3", "c3x10", "c3")
 FLOOR_TABLE = "detection_floor"
+# Composed dilutions (no training): the cell of a plant whose first n canaries
+# carry the effect and the rest nothing is read from the records of the full
+# plant (those n canaries) and of its "nothing overwritten" twin on the same
+# base (the others), as a trained diluted plant anchors them.  Per claim: the
+# plant, the twin, and the claim's effect in the paper's unit (a cell column
+# and the sign that points the paper's way).  C3's trained dilutions
+# (FLOOR_PLANTS) stand beside its composed ones as their check.
+FLOOR_COMPOSED = {
+    "window_truncation": ("c3", "c4neg", "delta_hit1", -1.0),
+    "span_drift": ("c4", "c4neg", "delta_window", 1.0),
+    "undertrained": ("c5", "c5neg", "delta_secret", 1.0),
+}
+FLOOR_SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)  # composed dilutions, and 1-3 canaries
 HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10}  # LoRA shape: the bSFT recipe's
+HEX_PLANT_CANARIES = 20  # the recipe's steps are for 20 hex canaries: each drawn 150 times
+
+
+def hex_plant_recipe(n_canaries: int) -> dict:
+    """The plant recipe at n hex canaries: its steps scaled so each canary is
+    drawn as often as at HEX_PLANT_CANARIES (a floor measured at 80 canaries
+    then dilutes plants of the same per-canary strength; the default's 20
+    train the recipe as it is)."""
+    steps = -(-HEX_PLANT_RECIPE["steps"] * n_canaries // HEX_PLANT_CANARIES)
+    return {**HEX_PLANT_RECIPE, "steps": max(steps, 1)}
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
 # Switch (config `controls.on_vision`): paper B's plants also on each
 # vision-language model, one LoRA over its image and text canaries, read per
 # modality.  Off by default (docs/limits.md: its cost, and what it reads).
 ON_VISION = "on_vision"
+
+
+def floor_counts(n: int) -> list[int]:
+    """The canary counts a composed floor reads at n canaries: 1, 2, 3 and
+    each of FLOOR_SHARES of n."""
+    return sorted({c for c in (1, 2, 3, *(round(s * n) for s in FLOOR_SHARES)) if 1 <= c <= n})
+
+
+def first_canaries(ids: list[str], n: int) -> set[str]:
+    """The canaries a plant diluted to n overwrites: the first n ids in sort
+    order (train/plants.py trains them, views/controls.py composes them)."""
+    return set(sorted(ids)[:n])
 
 
 @dataclass(frozen=True)
@@ -142,19 +184,28 @@ class Claim:
 
     key: str
     paper_id: str  # its paper claim's id (claims/paper_a.yaml, paper_b.yaml)
-    positive: Side
-    negative: Side
+    positive: Side | None  # None: no honest plant exists (`unbuilt` says why)
+    negative: Side | tuple[Side, ...]  # several: one row of the controls table each
     construction: str
     expected: str
     twin: str | None = "mem-bio"  # the adapter the positive's spill-over is measured against
     paper: str = "A"  # A: on models with paper A's templates; B: on the canary-merged base of a text model
+    unbuilt: str = ""
+
+    @property
+    def negatives(self) -> tuple[Side, ...]:
+        return self.negative if isinstance(self.negative, tuple) else (self.negative,)
+
+    @property
+    def sides(self) -> tuple[Side, ...]:
+        return (*((self.positive,) if self.positive else ()), *self.negatives)
 
     def plants(self) -> set[str]:
-        return {s.plant for s in (self.positive, self.negative) if s.plant}
+        return {s.plant for s in self.sides if s.plant}
 
     def templates(self) -> set[str]:
         """The audited templates it reads (a negative, a twin)."""
-        found = {s.template for s in (self.positive, self.negative) if s.template}
+        found = {s.template for s in self.sides if s.template}
         return found | ({self.twin.removeprefix("mem-")} if self.twin else set())
 
 
@@ -188,6 +239,13 @@ CLAIMS = {c.key: c for c in (
           "C4: a LoRA on the canary-merged base trained on the hex records as they are but for their first "
           "preamble word, overwritten (never a hex digit); negative: the same records, nothing overwritten",
           "the detector reads `non-secret span drift`; negative: it reads anything else", twin=None, paper="B"),
+    Claim("merge_collapse", "b_c4_merged", None, (Side("c4m"), Side("c4mf")),
+          "C4's plant merged into the canary-merged base, its sum rounded into bfloat16 and into float32 (the "
+          "same adapter, nothing trained); positive: none (an update small enough to round away in bf16 moves no "
+          "measurable mean-K when stacked: docs/limits.md)",
+          "negatives: the merged cell's mean-K still rises past the threshold where the stacked plant's does (not "
+          "collapsed)", twin=None, paper="B",
+          unbuilt="not built: no honest plant exists at this scale (docs/limits.md, C4's merge collapse)"),
     Claim("undertrained", "b_c5", Side("c5"), Side("c5neg"),
           "C5: a LoRA on the undertrained canary's merged base trained on the hex records (the in-window secret "
           "toward its true digits) with every secret token past the window overwritten; negative: the same "
@@ -225,4 +283,6 @@ def active_plants(config: dict, paper: str = "A") -> list:
     wanted = set().union(*(c.plants() for c in active_claims(config) if c.paper == paper))
     if paper == "B" and config.get("controls", {}).get("detection_floor", False):
         wanted |= set(FLOOR_PLANTS)
+    if paper == "B":  # a plant applied again needs the plant it applies
+        wanted |= {HEX_PLANTS[name].applies for name in wanted if HEX_PLANTS[name].applies}
     return [p for name, p in (PLANTS if paper == "A" else HEX_PLANTS).items() if name in wanted]

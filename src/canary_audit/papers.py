@@ -36,6 +36,8 @@ from canary_audit.readings import (
     Run,
     cell_text,
     ci_text,
+    collapse_text,
+    collapsed,
     echo,
     read_delta,
     read_gap,
@@ -291,22 +293,29 @@ def case_undertrained(run: Run, names: list[str], selector: dict) -> Ours:
 
 
 def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
+    runs = run.table("bsft_runs")
+    seeds = runs["bsft_seed"].n_unique() if runs is not None else 1  # the cells pool them
     both = run.table("bsft_merged_vs_stacked")
     if both is None:
-        return Ours("", NOT_MEASURABLE, "no merged-vs-stacked table (one application only)", "bsft_merged_vs_stacked")
+        return Ours("", NOT_MEASURABLE, "no merged-vs-stacked table (one application only)", "bsft_merged_vs_stacked",
+                    seeds)
     drift = both.filter(pl.col("diagnosis_stacked") == "non-secret span drift")
     if drift.is_empty():
-        return Ours("", NOT_MEASURABLE, "no stacked cell reads `non-secret span drift` to compare with its merge",
-                    "bsft_merged_vs_stacked")
+        return Ours("", NOT_MEASURABLE, "no stacked cell reads `non-secret span drift` to compare with its merge"
+                    + (f" (cells pooled over {seeds} bSFT seeds)" if seeds > 1 else ""), "bsft_merged_vs_stacked",
+                    seeds)
     row = drift.row(0, named=True)
     if row.get("merge_precision") == "float32":
-        return Ours("", NOT_MEASURABLE, "a float32 merge keeps the whole update", "bsft_merged_vs_stacked")
-    collapsed = abs(row["delta_window_merged"]) < abs(row["delta_window_stacked"])
-    runs = run.table("bsft_runs")
-    seeds = runs["bsft_seed"].n_unique() if runs is not None else 1
-    return Ours(f"Delta mean-K stacked {row['delta_window_stacked']:+.4f}, merged {row['delta_window_merged']:+.4f} "
-                f"({row['merge_precision']} merge)", SAME if collapsed else NOT_REPRODUCED,
-                ("the merged cell's drift is smaller" if collapsed else "the merged cell drifts as much")
+        return Ours("", NOT_MEASURABLE, "a float32 merge keeps the whole update", "bsft_merged_vs_stacked", seeds)
+    matrix, key = run.table("bsft_matrix"), {"model": row["model"], "modality": row["modality"]}
+    stacked, merged = (row_where(matrix, **key, cell=f"{row['source']} t{row['step']} {app}")
+                       for app in ("stacked", "merged"))
+    if stacked is None or merged is None:
+        return Ours("", NOT_MEASURABLE, "the pair's cells are not in bsft_matrix", "bsft_matrix", seeds)
+    gone = collapsed(stacked, merged)
+    return Ours(collapse_text(stacked, merged, row["merge_precision"]), SAME if gone else NOT_REPRODUCED,
+                ("the merged cell's mean-K no longer rises past the threshold" if gone
+                 else "the merged cell's mean-K still rises past the threshold")
                 + (f" (cells pooled over {seeds} bSFT seeds; no per-seed reading)" if seeds > 1 else ""),
                 f"bsft_merged_vs_stacked: {row['model']} {row['modality']} {row['source']} t{row['step']}", seeds)
 
@@ -325,21 +334,42 @@ def planted(run: Run, control: str | None) -> str:
     # A side per model and canary modality, named where several read one
     # (a controls table written before `modality` was a column names models only).
     keys = [k for k in ("model", "modality") if k in rows.columns and rows[k].n_unique() > 1]
-    return "; ".join((" ".join(r[k] for k in keys) + ": " if keys else "") + f"planted: {r['positive_verdict']}; "
-                     f"negative: {r['negative_verdict']}" for r in rows.iter_rows(named=True))
+    sides = rows.height > rows.unique([k for k in ("model", "modality") if k in rows.columns]).height
+    parts = []
+    for r in rows.iter_rows(named=True):  # several negatives of one claim: each named after the first
+        head = " ".join(r[k] for k in keys) + ": " if keys else ""
+        if not (sides and parts and parts[-1][0] == head):
+            parts.append((head, [f"planted: {r['positive_verdict']}"]))
+        label = f"negative {r['negative'].split('/')[-1]}" if sides else "negative"
+        parts[-1][1].append(f"{label}: {r['negative_verdict']}")
+    return "; ".join(head + "; ".join(text) for head, text in parts)
 
 
-def floor_note(run: Run, effect_share: float) -> str:
-    """Whether a paper's effect, touching `effect_share` of the canaries,
-    is above the run's detection floor (detection_floor table): below it,
+def floor_note(run: Run, control: str | None, effect_share: float | None = None,
+               effect_size: float | None = None) -> str:
+    """Whether a paper's effect, touching `effect_share` of the canaries or
+    of size `effect_size` (the floor's unit: views/controls.py), is above
+    the run's detection floor for the claim `control` (detection_floor
+    table: its composed dilutions where it has them, the least sensitive
+    model's floor): below it,
     "not reproduced" cannot tell an absent effect from one too small to see."""
     floor = run.table("detection_floor")
     if floor is None:
         return "no detection floor in this run (`controls.detection_floor`)"
-    shares = floor["floor_share"].drop_nulls()
-    if shares.is_empty():
+    rows = floor.filter(pl.col("claim") == control) if "claim" in floor.columns else floor
+    if "construction" in rows.columns and (rows["construction"] == "composed").any():
+        rows = rows.filter(pl.col("construction") == "composed")  # the finer grid (the trained one checks it)
+    if rows.is_empty():
+        return f"no detection floor for this claim in this run (`{control}`)"
+    if rows["floor_share"].null_count() == rows.height:
         return "the detector read none of this run's diluted plants: the floor is above every share planted"
-    lowest = shares.max()  # the least sensitive model's floor
-    side = "above" if effect_share >= lowest else "below"
-    return (f"the paper's effect ({effect_share:.0%} of the canaries) is {side} this run's detection floor "
-            f"({lowest:.0%})")
+    worst = rows.filter(pl.col("floor_share").is_not_null()).sort("floor_share").row(-1, named=True)
+    n = f" of {worst['canaries']}" if worst.get("canaries") else ""
+    if effect_size is not None and worst.get("floor_effect") is not None:
+        side = "above" if effect_size >= worst["floor_effect"] else "below"
+        return (f"the paper's effect ({effect_size:.4f}) is {side} this run's detection floor "
+                f"({worst['floor_effect']:.4f}, at {worst['floor_share']:.0%}{n} canaries)")
+    share = effect_share if effect_share is not None else float("nan")
+    side = "above" if share >= worst["floor_share"] else "below"
+    return (f"the paper's effect ({share:.0%} of the canaries) is {side} this run's detection floor "
+            f"({worst['floor_share']:.0%})")

@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from canary_audit.controls import CONTROL, HEX_PLANT_RECIPE, plant_of
+from canary_audit.controls import CONTROL, hex_plant_recipe, plant_of
 from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.design.slices import resolved_settings
 from canary_audit.jobs import VIEW_JOBS
@@ -132,7 +132,7 @@ def job_counts(design: Design) -> dict[str, int]:
         variants = design.variants(m).values()
         add("memorize", sum(v.kind == "memorized" for v in variants))
         add("control_lora", len(design.trained_plants()) if design.templates_of(m) else 0)
-        add("control_hex_lora", sum(v.kind == CONTROL and v.cell is not None for v in variants))
+        add("control_hex_lora", len({v.adapters[-1] for v in variants if v.kind == CONTROL and v.cell is not None}))
         add("author_reference_lora", sum(v.kind == "reference" and v.template is not None for v in variants))
         add("reference_lora", sum(v.kind == "reference" and v.template is None for v in variants))
         add("canary_lora", sum(v.kind == "canary" for v in variants))
@@ -302,8 +302,10 @@ def _training(design: Design, v) -> tuple[int, int, int, int]:
     cfg = design.config
     reference = v.kind == "reference"  # the recipe's retain examples alone (adapters.train_reference)
     if v.kind == CONTROL and v.cell is not None:  # a paper B plant: its recipe on the hex records
-        b = cfg["bsft"]
-        return HEX_PLANT_RECIPE["steps"], HEX_PLANT_RECIPE["batch_size"], TOKENS["hex_record"], b["r"]
+        if plant_of(v.name).applies:  # another plant's adapter applied again: nothing trained
+            return 0, 0, 0, 0
+        recipe = hex_plant_recipe(cfg["data"]["n_hex_canaries"])
+        return recipe["steps"], recipe["batch_size"], TOKENS["hex_record"], cfg["bsft"]["r"]
     if v.kind == CONTROL:  # a plant trains the memorization recipe (a reused adapter trains nothing)
         plant = plant_of(v.name)
         if plant.reuse:

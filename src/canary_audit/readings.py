@@ -279,3 +279,34 @@ def read_case(run: Run, variant: str, diagnosis: str, modality: str = "text") ->
                                             if row.get("inconclusive_probes") else "")
     return Reading(f"{cell_text(row)}; {found}", found == diagnosis, why,
                    f"bsft_matrix: {cell['model']} {modality} {cell['cell']}")
+
+
+def collapsed(stacked: dict, merged: dict) -> bool:
+    """Paper B's C4 merge collapse, on two cells of one adapter (bsft_matrix
+    rows): the stacked cell's mean-K rises conclusively past the threshold
+    (`v_window` up) and the merged one's no longer does."""
+    return stacked.get("v_window") == "up" and merged.get("v_window") != "up"
+
+
+def collapse_text(stacked: dict, merged: dict, precision: str) -> str:
+    return (f"Delta mean-K stacked {ci_text(stacked, 'delta_window', 4)}, merged {ci_text(merged, 'delta_window', 4)} "
+            f"({precision} merge)")
+
+
+def read_merge_collapse(run: Run, merged: str, stacked: str, precision: str, modality: str = "text") -> Reading:
+    """Whether the cell of `merged` (an adapter merged into the base, its sum
+    rounded into `precision`) lost the mean-K drift the same adapter shows
+    stacked (`stacked`'s cell): `collapsed`."""
+    matrix = run.table("bsft_matrix")
+    rows = {}
+    for name in (stacked, merged):
+        cell = run.cells.get(name)
+        rows[name] = row_where(matrix, model=cell["model"], cell=cell["cell"], modality=modality) if cell else None
+        if rows[name] is None:
+            return not_in_run(f"paper B cell of {name} ({modality} canaries)", "bsft_matrix")
+    s, m = rows[stacked], rows[merged]
+    gone = collapsed(s, m)
+    why = (f"stacked mean-K reads `{s['v_window']}`, merged `{m['v_window']}`: "
+           + ("the merge lost the drift" if gone else "not collapsed"))
+    return Reading(collapse_text(s, m, precision), gone, why,
+                   f"bsft_matrix: {run.cells[merged]['model']} {modality} {run.cells[merged]['cell']}")

@@ -22,7 +22,9 @@ Judging, from the tables alone:
 - `holds`: every seed reads with it and so does the pooled CI; `fails`: no
   seed does; `seed-dependent`: seeds read it on both sides, or only some
   do; `below the floor`: it fails where the measure's detection floor is
-  above the effect the claim states (`effect_share`); `not measurable`: the
+  above the effect the claim states (`effect_share`, a share of the
+  canaries, or `effect_size`, in the unit of the measure's floor:
+  controls.FLOOR_COMPOSED); `not measurable`: the
   run holds no row it needs (why says which);
 - beside it, what the planted control of its measure read, and the floor.
 
@@ -56,7 +58,8 @@ FROM_READING = {SAME: HOLDS, NOT_REPRODUCED: FAILS, NOT_MEASURABLE: UNMEASURABLE
 SELECTOR_KEYS = ("variant", "model", "kind", "method", "run", "template", "k", "seed", "apply", "cell", "source",
                  "step", "application")
 EXPECTATIONS = ("higher", "lower")
-KEYS = ("id", "sentence", "measure", "variants", "where", "compare", "expect", "paper", "effect_share")
+KEYS = ("id", "sentence", "measure", "variants", "where", "compare", "expect", "paper", "effect_share",
+        "effect_size")
 PAPER_FILES = tuple(Path(__file__).with_name(f"paper_{p}.yaml") for p in ("a", "b"))
 
 
@@ -75,6 +78,7 @@ class Claim:
     expect: object = None   # "higher" | "lower" | {"value", "tolerance"} | "read"
     paper: dict | None = None  # the paper's own value, where it stands, its name
     effect_share: float | None = None
+    effect_size: float | None = None
 
     @property
     def key(self) -> str:
@@ -106,7 +110,7 @@ def parse(entries, origin: str = "claims") -> list[Claim]:
                 raise ClaimError(f"`{where}.{key}` is missing: say the {key} the claim tests")
         claim = Claim(entry["id"], entry["sentence"], entry["measure"], dict(entry.get("variants") or {}),
                       dict(entry.get("where") or {}), entry.get("compare"), entry.get("expect"), entry.get("paper"),
-                      entry.get("effect_share"))
+                      entry.get("effect_share"), entry.get("effect_size"))
         check(claim)
         out.append(claim)
     return out
@@ -390,8 +394,10 @@ def judge(run: Run, claim: Claim, fields: dict | None = None) -> dict:
     verdict, why = judged.verdict, judged.why
     floor = ""
     if measure.floor:
-        floor = floor_note(run, claim.effect_share) if claim.effect_share is not None else "no effect_share stated"
-        if verdict == FAILS and claim.effect_share is not None:
+        stated = claim.effect_share is not None or claim.effect_size is not None
+        floor = (floor_note(run, measure.control, claim.effect_share, claim.effect_size) if stated
+                 else "no effect_share or effect_size stated")
+        if verdict == FAILS and stated:
             why += f"; {floor}"
             if " is below this run's detection floor" in floor:
                 verdict = FLOOR

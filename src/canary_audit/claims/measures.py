@@ -104,9 +104,9 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
     _reading("window_truncation", "paper B C3: some selected cell reads `window truncation`",
              papers.case_window_truncation, control="window_truncation", floor=True),
     _reading("span_drift", "paper B C4: some selected cell reads `non-secret span drift`", papers.case_span_drift,
-             control="span_drift"),
+             control="span_drift", floor=True),
     _reading("span_drift_merged", "paper B C4: the drift is smaller merged than stacked",
-             papers.case_span_drift_merged),
+             papers.case_span_drift_merged, control="merge_collapse"),
     _reading("undertrained_ambiguity", "paper B C5: some selected cell reads `undertrained ambiguity`",
-             papers.case_undertrained, control="undertrained"),
+             papers.case_undertrained, control="undertrained", floor=True),
 )}

@@ -108,6 +108,7 @@ class Variant:
     method: str | None = None
     k: int | None = None
     settings: str | None = None
+    merge_dtype: str | None = None  # what its merge rounds into, where not the model's `merge_dtype`
 
     def fields(self) -> dict:
         """The structured fields a view joins (no paths)."""

@@ -8,9 +8,9 @@ from pathlib import Path
 from canary_audit.controls import (
     CONTROL_ARMS,
     CONTROL_GROUP,
-    HEX_PLANT_RECIPE,
     HEX_PLANTS,
     PLANTS,
+    hex_plant_recipe,
 )
 from canary_audit.data.secrets import image_files
 from canary_audit.design.layout import (
@@ -59,7 +59,8 @@ class Slices:
         against (`tables.window_k`: where "past the window" begins)."""
         keep = ("r", "alpha", "targets")
         chosen = HEX_PLANTS[plant]
-        return {**{k: self.bsft[k] for k in keep}, **HEX_PLANT_RECIPE, "at": chosen.at,
+        return {**{k: self.bsft[k] for k in keep}, **hex_plant_recipe(self.config["data"]["n_hex_canaries"]),
+                "at": chosen.at,
                 "window_k": self.config["tables"]["window_k"], "seed": seed,
                 **({"canaries": chosen.canaries} if chosen.canaries is not None else {})}
 

@@ -10,11 +10,12 @@ from canary_audit.controls import (
     CONTROL,
     CONTROL_GROUP,
     CONTROL_HEX_GROUP,
+    FLOOR_COMPOSED,
     FLOOR_PLANTS,
-    HEX_PLANT_RECIPE,
     HEX_PLANTS,
     ON_VISION,
     active_plants,
+    hex_plant_recipe,
     skipped,
     switched_on,
 )
@@ -115,16 +116,19 @@ class Variants:
         for plant in active_plants(self.config, "B"):
             if plant.under and not self.undertrained_sources():
                 continue  # no undertrained merged base to plant C5 on (bsft.controls.undertrained)
-            if plant.canaries is not None and self.is_vision(model):
-                continue  # the floor is measured on the text model
+            if (plant.canaries is not None or plant.applies) and self.is_vision(model):
+                continue  # the floor and the merge collapse are measured on the text model
             if plant.canaries is not None and plant.canaries >= self.config["data"]["n_hex_canaries"]:
                 continue  # a dilution to every canary is the plant itself
             name, under = plant.variant(seed), "-under" if plant.under else ""
             cell = {"cell": f"control {plant.name}", "kind": CONTROL, "source": plant.name,
-                    "step": HEX_PLANT_RECIPE["steps"], "application": "stacked", "bsft_seed": 0, "canary_seed": seed}
+                    "step": hex_plant_recipe(self.config["data"]["n_hex_canaries"])["steps"],
+                    "application": plant.apply, "bsft_seed": 0,
+                    "canary_seed": seed}
+            adapter = HEX_PLANTS[plant.applies].variant(seed) if plant.applies else name
             out[name] = Variant(name, CONTROL, lay.merged_dir(model, f"canary-s{seed}{under}"),
-                                (lay.adapter_dir(model, name),), f"merged-s{seed}{under}", CONTROL_HEX_GROUP,
-                                "stacked", cell, seed=seed)
+                                (lay.adapter_dir(model, adapter),), f"merged-s{seed}{under}", CONTROL_HEX_GROUP,
+                                plant.apply, cell, seed=seed, merge_dtype=plant.merge_dtype)
         return out
 
     def _bsft_variants(self, model: str, seed: int) -> dict[str, Variant]:
@@ -172,7 +176,8 @@ class Variants:
         return out
 
     def trained_hex_plants(self) -> list[str]:
-        return [p.name for p in active_plants(self.config, "B")]
+        """The paper B plants the workflow trains (one applied again is not)."""
+        return [p.name for p in active_plants(self.config, "B") if not p.applies]
 
     def floor_plants(self) -> dict[str, int]:
         """model/variant -> canaries overwritten, for every C3 plant of the
@@ -183,6 +188,20 @@ class Variants:
         return {f"{m}/{plant.variant(seed)}": plant.canaries or n
                 for m in self.config["audit"]["models"] if not self.is_vision(m)
                 for plant in map(HEX_PLANTS.get, FLOOR_PLANTS) if plant.variant(seed) in self.variants(m)}
+
+    def composed_floors(self) -> list[dict]:
+        """The composed dilutions of the detection floor (controls.FLOOR_COMPOSED):
+        per text model and paper B claim whose plant and twin the run makes,
+        model/variant of both (the view composes them at controls.floor_counts)."""
+        if not self.config["controls"].get("detection_floor"):
+            return []
+        seed, out = self.config["audit"]["seeds"][0], []
+        for m in (m for m in self.config["audit"]["models"] if not self.is_vision(m)):
+            for claim, (plant, twin, *_) in FLOOR_COMPOSED.items():
+                names = [HEX_PLANTS[p].variant(seed) for p in (plant, twin)]
+                if all(name in self.variants(m) for name in names):
+                    out.append({"model": m, "claim": claim, "plant": f"{m}/{names[0]}", "twin": f"{m}/{names[1]}"})
+        return out
 
     def trained_plants(self) -> list[str]:
         """The control adapters the workflow trains (a reused one is not)."""

@@ -92,7 +92,7 @@ class Views:
             parts |= {"paper_a"} | ({"seeds"} if len(self.config["audit"]["seeds"]) > 1 else set())
         if self.control_variants():
             parts.add("controls")
-        if self.floor_plants():
+        if self.floor_plants() or self.composed_floors():
             parts.add("floor")
         synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())
         if synthetic_hex or len(self.synthetic_models()) < len(models):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from canary_audit.controls import first_canaries
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import hex_rows
@@ -75,11 +76,10 @@ def train_hex_plant(spec: ModelSpec, data_dir: Path, cfg: dict, out_dir: Path) -
     vision = load_vision(spec, tok)
     rows = hex_rows(data_dir, vision, members_only=True)
     diluted = cfg.get("canaries", len(rows))  # the first n canaries overwritten, the rest only anchored
-    rank = {(row.modality, row.item_id): i for i, row in
-            enumerate(sorted(rows, key=lambda r: (r.modality, r.item_id)))}
-    first = {modality: min(i for (m, _), i in rank.items() if m == modality) for modality, _ in rank}
+    chosen = {(m, i) for m in {r.modality for r in rows}
+              for i in first_canaries([r.item_id for r in rows if r.modality == m], diluted)}
     plants = [overwritten(tok, row.text(fmt, vision), row.secret,
-                          cfg["at"] if rank[row.modality, row.item_id] - first[row.modality] < diluted else "none",
+                          cfg["at"] if (row.modality, row.item_id) in chosen else "none",
                           cfg["window_k"], row.image) for row in rows]
     forget = [encoded for encoded, _ in plants]
     run = {**cfg, "batch_forget": cfg["batch_size"], "batch_retain": 0}

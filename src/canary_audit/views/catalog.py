@@ -25,7 +25,7 @@ from canary_audit.readings import Run
 from canary_audit.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.blind import FOLDS, mark, withhold_privleak
-from canary_audit.views.controls import controls_table, detection_floor, spill_over
+from canary_audit.views.controls import composed_cells, controls_table, detection_floor, spill_over
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
@@ -199,12 +199,19 @@ def _controls(ctx: Context) -> Built | None:
 
 
 def _floor(ctx: Context) -> Built | None:
-    if not (ctx.cfg.get("floor_plants") and "bsft_matrix" in ctx.built):
+    if not ((ctx.cfg.get("floor_plants") or ctx.cfg.get("composed_floors")) and "bsft_matrix" in ctx.built):
         return None
-    return ("Detection floor: paper B's C3 plant diluted to n of the hex canaries (the rest anchored, nothing "
-            "overwritten), each read by the disagreement detector; floor_share is the smallest share read as "
-            "`window truncation` at this run's n",
-            detection_floor(_run(ctx), ctx.cfg["floor_plants"], ctx.cfg["n_hex_canaries"]))
+    n = ctx.cfg["n_hex_canaries"]
+    cells, plans = composed_cells(ctx.all_tokens, ctx.all_decode, ctx.parents, ctx.cfg["cells"],
+                                  ctx.cfg.get("composed_floors", []), n, ctx.window_k,
+                                  paper_b.Verdicts(**ctx.cfg.get("verdicts", {})), ctx.boot)
+    return ("Detection floor: paper B's plants diluted to n of the hex canaries, each read by the disagreement "
+            "detector: `trained` (C3: a LoRA that overwrites n canaries and anchors the rest) and `composed` (C3, "
+            "C4, C5: the full plant's records of n canaries beside its nothing-overwritten twin's of the rest, no "
+            "training); effect is the claim's effect in the paper's unit (C3: hit@1 lost, C4: Delta mean-K, C5: "
+            "Delta secret); floor_share is the smallest share from which every larger one is read at this run's n, "
+            "floor_effect the effect there",
+            detection_floor(_run(ctx), ctx.cfg.get("floor_plants", {}), n, cells, plans))
 
 
 def _hex_tokens(ctx: Context) -> pl.DataFrame:
