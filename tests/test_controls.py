@@ -404,6 +404,16 @@ def test_a_floor_is_where_every_larger_dilution_is_read_and_a_claim_of_a_size_co
     assert "(0.0150) is below this run's detection floor (0.1500, at 25% of 20" in floor_note(
         run, "span_drift", effect_size=0.015)
     assert "is above" in floor_note(run, "span_drift", effect_size=0.2)
+    # C3: a trained dilution at 25% that is not read beside the composed one that is moves the floor up.
+    c3 = {name.replace("c4", "c3"): {**p, "claim": FLOOR_CLAIM, "plant": "tiny/ctl-c3-s0"} for name, p in plans.items()}
+    c3_cells = cells.with_columns(diagnosis=pl.col("diagnosis").replace("non-secret span drift", "window truncation"))
+    cell = {"tiny/ctl-c3x5-s0": {"model": "tiny", "cell": "control c3x5"}}
+    matrix = pl.DataFrame([{"model": "tiny", "modality": "text", "cell": "control c3x5", "diagnosis": "agree",
+                            "ref_hit1": 1.0, "hit1": 1.0, "delta_hit1": -0.25, **_ci("delta_window", 0.0, -0.1, 0.1),
+                            **_ci("delta_secret", 0.1, -0.1, 0.3)}])
+    floor = detection_floor(Run(None, {"cells": cell}, {"bsft_matrix": matrix}), {"tiny/ctl-c3x5-s0": 5}, 20,
+                            c3_cells, c3)
+    assert set(floor["floor_share"]) == {1.0}  # 20 of 20 alone is read with nothing unread above it
 
 
 def test_a_composed_dilution_holds_the_plants_records_of_its_first_canaries_and_the_twins_of_the_rest():
@@ -420,3 +430,43 @@ def test_a_composed_dilution_holds_the_plants_records_of_its_first_canaries_and_
         got = dict(frame.select("item_id", col).iter_rows())
         assert set(frame["variant"]) == {"m/plant~x2"} and frame.height == len(ids)
         assert got == {"hex00": -1.0, "hex01": -1.0, "hex02": -2.0, "hex03": -2.0, "hex04": -2.0, "cand0": -2.0}
+
+
+def test_the_floor_fit_is_a_power_law_in_n_and_gives_the_canaries_an_effect_needs():
+    """c * n**p through floors at 20 and 80 canaries (exact at both); the n
+    an effect needs is the smallest whose fitted floor reaches it."""
+    from canary_audit.floors import at, fit, needed
+
+    points = [{"canaries": 20, "floor_share": 0.2}, {"canaries": 80, "floor_share": 0.1}]
+    got = fit(points, "floor_share")
+    assert got[1] == pytest.approx(-0.5) and at(got, 20) == pytest.approx(0.2) and at(got, 80) == pytest.approx(0.1)
+    n = needed(got, 0.05)  # 0.2 * (n / 20) ** -0.5 = 0.05 at n = 320
+    assert n == 320 and at(got, n) <= 0.05 + 1e-12 < at(got, n - 1)
+    assert needed((0.1, 0.0), 0.05) is None and needed((0.1, 0.2), 0.5) == 1 and needed(None, 0.5) is None
+    assert fit(points[:1], "floor_share") is None  # one n: no fit
+
+
+def test_the_stored_floors_name_every_paper_claim_with_a_floor_and_plan_prints_them(tmp_path):
+    """floors.json (the package's, where stored) holds one row per paper
+    claim whose measure has a floor, and `plan` prints each with the n its
+    effect needs."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from canary_audit.floors import FLOORS_FILE, load, paper_effects, render
+
+    assert set(paper_effects()) == {"window_truncation", "span_drift", "undertrained"}
+    data = load()
+    if data is not None:
+        assert [row["control"] for row in data["claims"]] == list(paper_effects())
+    table = render({"run": "test", "claims": [{"claim": "b_c4", "unit": "floor_effect", "paper_effect": 0.015,
+                                                "measured": {"20": 0.12, "80": 0.06},
+                                                "fit": {"c": 0.12 * 20 ** 0.5, "p": -0.5},
+                                                "canaries_needed": 1280}]}, 20)
+    assert "| b_c4 | effect (paper's unit) | 0.015 | 20: 0.12, 80: 0.06 | -0.50 | 0.12 | no | 1280 |" in table
+    out = subprocess.run([sys.executable, "-m", "canary_audit", "plan", "--configfile",
+                          str(ROOT / "workflow_config.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ("Detection floors" in out.stdout) == FLOORS_FILE.is_file()

@@ -524,7 +524,7 @@ def test_the_readmes_short_result_is_the_one_docs_results_md_gives():
     figures = figures_from_markdown((ROOT / "docs" / "results.md").read_text())
     assert readme_block((ROOT / "README.md").read_text()) == render(figures), (
         "README.md's short result differs from docs/results.md's figures: run `python -m canary_audit summary "
-        "--tables results/tables --out docs/results.md --readme README.md` on the run's tables")
+        "--tables results/seeds/tables --out docs/results.md --readme README.md` on the run's tables")
 
 
 def test_the_rules_conda_environment_holds_the_requirements_and_the_package():

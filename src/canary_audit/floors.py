@@ -5,10 +5,12 @@ A run's `detection_floor` table gives, per paper B claim, the smallest share
 of its n canaries that a diluted plant must touch for the detector to read
 the claim (`floor_share`), and the claim's effect there in the paper's unit
 (`floor_effect`).  Measured at two or more n (the default's 20,
-configs/floor80.yaml's 80), the floor is fitted as `a + b / sqrt(n)`: a CI
-narrows as 1/sqrt(n), and the verdicts' fixed threshold (`a`) stays.  The
-n a paper's effect needs is where the fit falls to it; none where `a` is
-above it (no n helps: the threshold itself is the bar).
+configs/floor80.yaml's 80), the floor is fitted as a power law `c * n**p`
+(positive at every n; through two n it is exact at both, and its exponent
+says how the floor scales: -0.5 where a CI's width sets it, -1 where a
+fixed number of canaries does).  The n a paper's effect needs is where the
+fit falls to it: an extrapolation beyond the n measured, and it ignores
+the verdicts' fixed threshold, below which no floor can fall.
 
 The measured floors are stored with the package (`floors.json`, written by
 `python -m canary_audit floors --tables ... --store`) so `plan` can say,
@@ -49,28 +51,34 @@ def measured(tables: list[Path]) -> list[dict]:
 
 
 def fit(points: list[dict], unit: str) -> tuple[float, float] | None:
-    """(a, b) of `a + b / sqrt(n)` through the points' floors in `unit`
-    (floor_share or floor_effect), least squares over two or more n; None
-    where fewer than two n have a floor."""
-    pairs = [(1 / math.sqrt(p["canaries"]), p[unit]) for p in points if p.get(unit) is not None]
+    """(c, p) of the power law `c * n**p` through the points' floors in
+    `unit` (floor_share or floor_effect), least squares in log-log over two
+    or more n (through two n: exact at both); None where fewer than two n
+    have a positive floor."""
+    pairs = [(math.log(p["canaries"]), math.log(p[unit])) for p in points if p.get(unit) and p[unit] > 0]
     if len({x for x, _ in pairs}) < 2:
         return None
     mx, my = sum(x for x, _ in pairs) / len(pairs), sum(y for _, y in pairs) / len(pairs)
-    b = sum((x - mx) * (y - my) for x, y in pairs) / sum((x - mx) ** 2 for x, _ in pairs)
-    return my - b * mx, b
+    slope = sum((x - mx) * (y - my) for x, y in pairs) / sum((x - mx) ** 2 for x, _ in pairs)
+    return math.exp(my - slope * mx), slope
+
+
+def at(coefficients: tuple[float, float], n: int) -> float:
+    c, p = coefficients
+    return c * n ** p
 
 
 def needed(coefficients: tuple[float, float] | None, effect: float) -> int | None:
-    """The smallest n whose fitted floor is at or below `effect` (None: no
-    n, the fit's limit is above it, or no fit); 1 where every n is."""
-    if coefficients is None:
+    """The smallest n whose fitted floor is at or below `effect`; None
+    where the floor does not fall with n (p >= 0) and is above it, or there
+    is no fit."""
+    if coefficients is None or effect <= 0:
         return None
-    a, b = coefficients
-    if b <= 0:
-        return 1 if a <= effect else None
-    if effect <= a:
-        return None
-    return max(1, math.ceil((b / (effect - a)) ** 2))
+    c, p = coefficients
+    if p >= 0:
+        return 1 if c <= effect else None
+    n = max(1, math.ceil((effect / c) ** (1 / p) - 1e-9))
+    return n if at(coefficients, n) <= effect else n + 1
 
 
 def paper_effects() -> dict[str, tuple[str, str, float]]:
@@ -97,7 +105,7 @@ def summary(points: list[dict]) -> list[dict]:
         coefficients = fit(mine, unit)
         rows.append({"claim": claim_id, "control": control, "unit": unit, "paper_effect": effect,
                      "measured": {str(p["canaries"]): p[unit] for p in mine},
-                     "fit": None if coefficients is None else {"a": coefficients[0], "b": coefficients[1]},
+                     "fit": None if coefficients is None else {"c": coefficients[0], "p": coefficients[1]},
                      "canaries_needed": needed(coefficients, effect),
                      "from": sorted({p["tables"] for p in mine})})
     return rows
@@ -120,19 +128,21 @@ def render(data: dict | None, n_canaries: int) -> str:
     the fitted floor at this config's n, and the n its effect needs."""
     if not data or not data.get("claims"):
         return "No detection floor measured (`python -m canary_audit floors --store`)."
-    lines = [f"Detection floors (fitted a + b/sqrt(n) from {data.get('run') or 'the stored runs'}; a floor is "
-             f"known to one step of the share grid) at this config's {n_canaries} hex canaries:", "",
-             "| claim | unit | paper's effect | measured floors (n: floor) | floor at this n | visible here | "
-             "canaries needed |", "|---|---|---|---|---|---|---|"]
+    lines = [f"Detection floors (a power law c * n**p fitted to {data.get('run') or 'the stored runs'}; a floor "
+             f"is known to one step of the share grid) at this config's {n_canaries} hex canaries:", "",
+             "| claim | unit | paper's effect | measured floors (n: floor) | p | floor at this n | visible here | "
+             "canaries needed |", "|---|---|---|---|---|---|---|---|"]
     for row in data["claims"]:
         fitted = row["fit"]
-        at_n = None if fitted is None else fitted["a"] + fitted["b"] / math.sqrt(n_canaries)
+        at_n = None if fitted is None else at((fitted["c"], fitted["p"]), n_canaries)
         unit = "share of canaries" if row["unit"] == "floor_share" else "effect (paper's unit)"
         shown = ", ".join(f"{n}: {v:.4g}" if v is not None else f"{n}: none read"
                           for n, v in row["measured"].items())
         need = row["canaries_needed"]
-        lines.append(f"| {row['claim']} | {unit} | {row['paper_effect']:.4g} | {shown} | "
+        need = need if need is not None else "none" if fitted else "unknown (no floor at two n)"
+        exponent = "n/a" if fitted is None else f"{fitted['p']:.2f}"
+        lines.append(f"| {row['claim']} | {unit} | {row['paper_effect']:.4g} | {shown} | {exponent} | "
                      f"{'n/a' if at_n is None else f'{at_n:.4g}'} | "
                      f"{'n/a' if at_n is None else ('yes' if row['paper_effect'] >= at_n else 'no')} | "
-                     f"{need if need is not None else 'none (the fit stays above it)'} |")
+                     f"{need} |")
     return "\n".join(lines)

@@ -28,8 +28,8 @@ from canary_audit.claims.judge import beside_ours
 from canary_audit.readings import SAME, Run, ci_text
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
-BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/tables --out docs/results.md "
-         "--readme README.md` from a run's tables -->")
+BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/seeds/tables "
+         "--out docs/results.md --readme README.md` from a run's tables -->")
 END = "<!-- end of the short result -->"
 SECTION = "Figures the README quotes"
 TEXT, VL = "tiny", "tiny_vl"

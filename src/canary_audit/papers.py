@@ -350,15 +350,12 @@ def floor_note(run: Run, control: str | None, effect_share: float | None = None,
     """Whether a paper's effect, touching `effect_share` of the canaries or
     of size `effect_size` (the floor's unit: views/controls.py), is above
     the run's detection floor for the claim `control` (detection_floor
-    table: its composed dilutions where it has them, the least sensitive
-    model's floor): below it,
+    table: the least sensitive model's floor): below it,
     "not reproduced" cannot tell an absent effect from one too small to see."""
     floor = run.table("detection_floor")
     if floor is None:
         return "no detection floor in this run (`controls.detection_floor`)"
     rows = floor.filter(pl.col("claim") == control) if "claim" in floor.columns else floor
-    if "construction" in rows.columns and (rows["construction"] == "composed").any():
-        rows = rows.filter(pl.col("construction") == "composed")  # the finer grid (the trained one checks it)
     if rows.is_empty():
         return f"no detection floor for this claim in this run (`{control}`)"
     if rows["floor_share"].null_count() == rows.height:

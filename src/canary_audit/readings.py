@@ -75,7 +75,10 @@ class Run:
         path = self.tables / f"{name}.csv"
         if not (path.is_file() and path.stat().st_size):
             return None
-        frame = pl.read_csv(path)  # a header without rows is no table: its columns have no types
+        try:
+            frame = pl.read_csv(path)  # a header without rows is no table: its columns have no types
+        except pl.exceptions.NoDataError:  # a table with no columns is written as an empty line
+            return None
         return frame if frame.height else None
 
     def audited(self, frame: pl.DataFrame) -> pl.DataFrame:

@@ -35,7 +35,10 @@ def _read(tables: Path, name: str) -> pl.DataFrame | None:
     path = tables / f"{name}.csv"
     if not (path.is_file() and path.stat().st_size):
         return None
-    frame = pl.read_csv(path)
+    try:
+        frame = pl.read_csv(path)
+    except pl.exceptions.NoDataError:  # a table with no columns is written as an empty line
+        return None
     return frame if frame.height else None
 
 

@@ -187,7 +187,7 @@ def _across_seeds(ctx: Context) -> Built | None:
 
 
 def _controls(ctx: Context) -> Built | None:
-    if not (ctx.controls and ctx.canary):
+    if not ctx.controls:  # paper B's plants are read without paper A's records (configs/floor80.yaml)
         return None
     twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in ctx.variants.items()
              if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants

@@ -253,7 +253,7 @@ def detection_floor(run: Run, plants: dict[str, int], n_canaries: int, composed:
     C3's, C4's and C5's at floor_counts(n), from `composed`, their cells):
     the detector's reading of its cell, the claim's effect in the paper's
     unit, and whether it reads the claim's case.  `floor_share` is the
-    smallest share from which every larger share of the same construction
+    smallest share from which every larger share, of either construction,
     is read (null where the full plant is not), `floor_effect` the effect
     there: the floor a paper's effect must clear to be seen at this n."""
     rows = []
@@ -269,13 +269,17 @@ def detection_floor(run: Run, plants: dict[str, int], n_canaries: int, composed:
     frame = pl.DataFrame(rows, schema={k: v for k, v in FLOOR_COLUMNS.items() if not k.startswith("floor_")})
     if frame.is_empty():
         return pl.DataFrame(schema=FLOOR_COLUMNS)
-    group = ["model", "modality", "claim", "construction"]
-    frame = frame.sort(*group, "share").with_columns(
+    # One floor per claim over both constructions' dilutions: each reading is evidence of what the
+    # detector sees at its share, and a share one construction reads and the other does not is no floor.
+    group = ["model", "modality", "claim"]
+    # (at one share, an unread row after a read one, so the running minimum carries it down)
+    frame = frame.sort(*group, "share", "detected", descending=[False] * (len(group) + 1) + [True]).with_columns(
         # every dilution from this one up is read: the reversed running minimum of `detected`
         from_here=pl.col("detected").reverse().cum_min().reverse().over(group))
     floor = (frame.filter(pl.col("from_here")).group_by(group)
              .agg(floor_share=pl.col("share").min(), floor_effect=pl.col("effect").sort_by("share").first()))
-    return frame.drop("from_here").join(floor, on=group, how="left").select(list(FLOOR_COLUMNS))
+    return (frame.drop("from_here").join(floor, on=group, how="left").select(list(FLOOR_COLUMNS))
+            .sort(*group, "construction", "share"))
 
 
 def _floor_row(variant: str, claim: str, construction: str, n: int, n_canaries: int, row: dict | None) -> dict:
