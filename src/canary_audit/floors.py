@@ -38,15 +38,16 @@ def measured(tables: list[Path]) -> list[dict]:
     """Per claim and n: the floor each run's detection_floor table gives
     (composed dilutions; the least sensitive model), and the run it is from."""
     points = []
-    for folder in tables:
-        frame = pl.read_csv(Path(folder) / "detection_floor.csv")
-        config = json.loads((Path(folder) / "view_config.json").read_text())
+    for folder in map(Path, tables):
+        frame = pl.read_csv(folder / "detection_floor.csv")
+        provenance = folder / "provenance.csv"
+        versions = sorted(set(pl.read_csv(provenance)["code_version"])) if provenance.is_file() else []
         frame = frame.filter(pl.col("construction") == CONSTRUCTION)
         for (claim,), part in frame.group_by("claim", maintain_order=True):
             worst = part.sort("floor_share", nulls_last=True).row(-1, named=True)
             points.append({"claim": claim, "canaries": int(part["canaries"][0]),
                            "floor_share": worst["floor_share"], "floor_effect": worst["floor_effect"],
-                           "tables": str(folder), "code_version": config.get("code_version", "")})
+                           "results": folder.parent.name, "code_versions": versions})
     return sorted(points, key=lambda p: (p["claim"], p["canaries"]))
 
 
@@ -107,7 +108,7 @@ def summary(points: list[dict]) -> list[dict]:
                      "measured": {str(p["canaries"]): p[unit] for p in mine},
                      "fit": None if coefficients is None else {"c": coefficients[0], "p": coefficients[1]},
                      "canaries_needed": needed(coefficients, effect),
-                     "from": sorted({p["tables"] for p in mine})})
+                     "from": sorted({p["results"] for p in mine})})
     return rows
 
 
