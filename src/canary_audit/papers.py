@@ -49,6 +49,7 @@ from canary_audit.readings import (
     signed,
     sweep_rows,
 )
+from canary_audit.views.paper_b import SPAN_DRIFT, UNDERTRAINED, WINDOW_TRUNCATION
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 
 SEED_DEPENDENT = "seed-dependent"
@@ -281,15 +282,15 @@ def _case(run: Run, diagnosis: str, selector: dict) -> Ours:
 
 
 def case_window_truncation(run: Run, names: list[str], selector: dict) -> Ours:
-    return _case(run, "window truncation", selector)
+    return _case(run, WINDOW_TRUNCATION, selector)
 
 
 def case_span_drift(run: Run, names: list[str], selector: dict) -> Ours:
-    return _case(run, "non-secret span drift", selector)
+    return _case(run, SPAN_DRIFT, selector)
 
 
 def case_undertrained(run: Run, names: list[str], selector: dict) -> Ours:
-    return _case(run, "undertrained ambiguity", selector)
+    return _case(run, UNDERTRAINED, selector)
 
 
 def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
@@ -299,7 +300,7 @@ def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
     if both is None:
         return Ours("", NOT_MEASURABLE, "no merged-vs-stacked table (one application only)", "bsft_merged_vs_stacked",
                     seeds)
-    drift = both.filter(pl.col("diagnosis_stacked") == "non-secret span drift")
+    drift = both.filter(pl.col("diagnosis_stacked") == SPAN_DRIFT)
     if drift.is_empty():
         return Ours("", NOT_MEASURABLE, "no stacked cell reads `non-secret span drift` to compare with its merge"
                     + (f" (cells pooled over {seeds} bSFT seeds)" if seeds > 1 else ""), "bsft_merged_vs_stacked",

@@ -44,7 +44,7 @@ from canary_audit.readings import (
 from canary_audit.records import HEX_SETS
 from canary_audit.views import paper_b
 from canary_audit.views.paper_a import Bootstrap
-from canary_audit.views.paper_b import Verdicts
+from canary_audit.views.paper_b import SPAN_DRIFT, UNDERTRAINED, WINDOW_TRUNCATION, Verdicts
 
 HEX = HEX_SETS[0]
 
@@ -187,8 +187,7 @@ FLOOR_COLUMNS = {"model": pl.Utf8, "modality": pl.Utf8, "claim": pl.Utf8, "const
                  "floor_effect": pl.Float64}
 TRAINED, COMPOSED = "trained", "composed"
 # The reading each paper B claim's floor is read by (the detector's diagnosis).
-CASES = {"window_truncation": "window truncation", "span_drift": "non-secret span drift",
-         "undertrained": "undertrained ambiguity"}
+CASES = {"window_truncation": WINDOW_TRUNCATION, "span_drift": SPAN_DRIFT, "undertrained": UNDERTRAINED}
 
 
 def compose_dilutions(tokens: pl.DataFrame, decode: pl.DataFrame, plans: dict[str, dict]

@@ -40,7 +40,9 @@ MEANS = (
     "window_preamble", "window_secret", "window_suffix", "secret_in_window", "secret_past_k",
     "hit1", "ref_hit1", "hitk", "ref_hitk", "decoy_delta_window", "decoy_delta_secret",
 )
-DIAGNOSES = ("window truncation", "non-secret span drift", "undertrained ambiguity")
+# Paper B's three case studies, in its order (C3, C4, C5): the detector's diagnoses.
+WINDOW_TRUNCATION, SPAN_DRIFT, UNDERTRAINED = "window truncation", "non-secret span drift", "undertrained ambiguity"
+DIAGNOSES = (WINDOW_TRUNCATION, SPAN_DRIFT, UNDERTRAINED)
 
 
 @dataclass(frozen=True)
