@@ -273,3 +273,28 @@ def test_inconclusive_from_records_names_the_probe_and_its_interval():
     assert (row["point_diagnosis"], row["diagnosis"]) == ("window truncation", "inconclusive")
     assert row["evidence"].startswith("inconclusive: the point estimates read `window truncation`, but the CI "
                                       "of hit1 (-0.5000, CI [")
+
+
+def test_a_cell_run_under_one_bsft_seed_keeps_its_own_ci_beside_cells_that_pool_several():
+    """A planted control runs under one bSFT seed while the grid's cells pool
+    several: its pooled CI is its canaries' bootstrap (its seed-level row's),
+    not one widened by draws of seeds it never ran under."""
+    def varied(variant: str) -> list[dict]:  # each canary's secret moved by its own amount: a CI with width
+        rows = tokens(variant)
+        for row in rows:
+            if row["probe_set"] == "hex" and row["span"] == "secret":
+                row["logprob"] = -1.0 - 0.2 * CANARIES.index(row["item_id"])
+        return rows
+
+    grid = {f"m/a{b}": {**CELLS["m/cell"], "bsft_seed": b} for b in (0, 1, 2)}
+    control = {"m/c0": {**CELLS["m/cell"], "cell": "control c3", "kind": "control"}}
+    tok = pl.DataFrame(tokens("m/ref") + [r for v in grid for r in tokens(v)] + varied("m/c0"), schema=TOKEN_SCHEMA)
+    dec = pl.DataFrame(decodes("m/ref", 4) + [r for v in [*grid, "m/c0"] for r in decodes(v, 4)],
+                       schema=DECODE_SCHEMA)
+    parents = {v: "m/ref" for v in [*grid, "m/c0"]}
+    both = cell_probes(tok, dec, parents, {**grid, **control}, K, Verdicts(), BOOT)
+    pooled = both["cells"].filter(pl.col("cell") == "control c3").row(0, named=True)
+    alone = both["runs"].filter(pl.col("variant") == "m/c0").row(0, named=True)
+    assert pooled["delta_secret_hi"] > pooled["delta_secret_lo"]
+    assert [pooled[f"delta_secret_{e}"] for e in ("lo", "hi")] == [alone[f"delta_secret_{e}"] for e in ("lo", "hi")]
+    assert both["cells"].filter(pl.col("cell") == "gui t40 stacked")["seeds"].to_list() == [3]

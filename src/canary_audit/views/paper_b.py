@@ -313,10 +313,20 @@ def cell_probes(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str, s
         return empty
     with_ci = [c for c in WITH_CI if items[c].null_count() < items.height]
 
+    def ci_of(part: pl.DataFrame, keys: list[str], nest: str | None) -> pl.DataFrame:
+        return rates_with_ci(part, keys, with_ci, boot.replicates, boot.seed, level=boot.level, table="bsft_matrix",
+                             nest=nest)
+
     def level(keys: list[str]) -> pl.DataFrame:
-        nest = None if "bsft_seed" in keys else "bsft_seed"
-        ci = rates_with_ci(items, keys, with_ci, boot.replicates, boot.seed, level=boot.level, table="bsft_matrix",
-                           nest=nest)
+        if "bsft_seed" in keys:
+            ci = ci_of(items, keys, None)
+        else:
+            # Seeds are resampled only for the cells that pool several: a cell run under one bSFT seed (a
+            # planted control) gets its canaries' bootstrap alone, not draws of seeds it was never run under.
+            several = pl.col("bsft_seed").n_unique().over(CELL_KEYS) > 1
+            ci = pl.concat([ci_of(part, keys, nest) for part, nest in
+                            ((items.filter(several), "bsft_seed"), (items.filter(~several), None)) if part.height],
+                           how="diagonal_relaxed")
         unmeasured = [c for c in WITH_CI if c not in with_ci]  # all null: no CI, a null column
         means = items.group_by(keys).agg(*(pl.col(c).mean() for c in (*MEANS, *unmeasured)),
                                          seeds=pl.col("bsft_seed").n_unique())
