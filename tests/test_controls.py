@@ -320,7 +320,9 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     for row in composed.filter(pl.col("share") == 1.0).iter_rows(named=True):
         assert row["reading"].split("; ")[0] == positive[row["claim"]].split("; ")[0], row
     planted = beside_ours(tables)["planted"].to_list()
-    assert sum(v == "planted: seen; negative: clean" for v in planted) >= len(CLAIMS) - 1
+    # every claim but C5 (read, not asserted) and the merge collapse (negatives only, both clean)
+    assert sum(v == "planted: seen; negative: clean" for v in planted) >= len(CLAIMS) - 2
+    assert "planted: not built; negative ctl-c4m-s0: clean; negative ctl-c4mf-s0: clean" in planted
     # Never pooled: no control in the K sweep's, utility's or any membership view's rows.
     for name in ("utility", "mia", "forgetting", "extraction", "exposure", "privacy"):
         frame = pl.read_csv(tables / f"{name}.csv")
@@ -470,3 +472,13 @@ def test_the_stored_floors_name_every_paper_claim_with_a_floor_and_plan_prints_t
                           str(ROOT / "workflow_config.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert ("Detection floors" in out.stdout) == FLOORS_FILE.is_file()
+
+
+def test_the_plant_recipe_keeps_its_steps_up_to_20_canaries_and_each_canarys_draws_past_them():
+    """configs/floor80.yaml's plants draw each canary as often as the
+    default's; the default and the smoke-scale tests train the recipe as declared."""
+    from canary_audit.controls import HEX_PLANT_RECIPE, hex_plant_recipe
+
+    assert [hex_plant_recipe(n)["steps"] for n in (4, 20, 80)] == [300, 300, 1200]
+    assert {k: v for k, v in hex_plant_recipe(80).items() if k != "steps"} == {
+        k: v for k, v in HEX_PLANT_RECIPE.items() if k != "steps"}

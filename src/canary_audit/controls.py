@@ -100,12 +100,12 @@ HEX_PLANT_CANARIES = 20  # the recipe's steps are for 20 hex canaries: each draw
 
 
 def hex_plant_recipe(n_canaries: int) -> dict:
-    """The plant recipe at n hex canaries: its steps scaled so each canary is
-    drawn as often as at HEX_PLANT_CANARIES (a floor measured at 80 canaries
-    then dilutes plants of the same per-canary strength; the default's 20
-    train the recipe as it is)."""
+    """The plant recipe at n hex canaries: past HEX_PLANT_CANARIES its steps
+    grow so each canary is drawn as often as there (a floor measured at 80
+    canaries dilutes plants of the same per-canary strength); at 20 or
+    fewer (the default, the smoke-scale tests' 4) the recipe as it is."""
     steps = -(-HEX_PLANT_RECIPE["steps"] * n_canaries // HEX_PLANT_CANARIES)
-    return {**HEX_PLANT_RECIPE, "steps": max(steps, 1)}
+    return {**HEX_PLANT_RECIPE, "steps": max(steps, HEX_PLANT_RECIPE["steps"])}
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
 # Switch (config `controls.on_vision`): paper B's plants also on each
 # vision-language model, one LoRA over its image and text canaries, read per
