@@ -482,3 +482,43 @@ def test_the_plant_recipe_keeps_its_steps_up_to_20_canaries_and_each_canarys_dra
     assert [hex_plant_recipe(n)["steps"] for n in (4, 20, 80)] == [300, 300, 1200]
     assert {k: v for k, v in hex_plant_recipe(80).items() if k != "steps"} == {
         k: v for k, v in HEX_PLANT_RECIPE.items() if k != "steps"}
+
+
+def test_a_negative_that_cannot_be_read_is_not_clean_and_a_collapse_needs_conclusive_cells():
+    """A negative whose cell is absent reads `not read`, not `clean`; the
+    merge collapse reads only where the stacked cell drifts conclusively and
+    the merged one is conclusive either way."""
+    from canary_audit.readings import collapsed
+    from canary_audit.views.controls import NOT_READ
+
+    run = _run(planted=True)
+    matrix = run.frames["bsft_matrix"].filter(pl.col("cell") != "control c4neg")
+    run.frames["bsft_matrix"] = matrix
+    table = controls_table(run, ALL, {})
+    row = table.filter(pl.col("claim") == "span_drift").row(0, named=True)
+    assert row["negative_verdict"] == NOT_READ and "no paper B cell" in row["why"]
+    assert collapsed({"v_window": "up"}, {"v_window": "flat"}) is True
+    assert collapsed({"v_window": "up"}, {"v_window": "up"}) is False
+    assert collapsed({"v_window": "flat"}, {"v_window": "flat"}) is None  # no drift to lose
+    assert collapsed({"v_window": "up"}, {"v_window": "inconclusive"}) is None
+
+
+def test_the_docs_floor_table_is_the_stored_floors():
+    """docs/measures.md's "How the floor scales" quotes floors.json: each
+    claim's exponent and the canaries its paper effect needs."""
+    import re
+
+    from conftest import ROOT
+
+    from canary_audit.floors import load
+
+    text = (ROOT / "docs" / "measures.md").read_text()
+    stored = {row["claim"]: row for row in load()["claims"]}
+    for claim, row in (("C3", stored["b_c3"]), ("C4", stored["b_c4"]), ("C5", stored["b_c5"])):
+        line = next(x for x in text.splitlines() if x.startswith(f"| {claim} ("))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        exponent = "n/a" if row["fit"] is None else f"{row['fit']['p']:.2f}"
+        need = str(row["canaries_needed"]) if row["canaries_needed"] is not None else "unknown"
+        assert (cells[4], cells[5]) == (exponent, need), (claim, cells)
+        quoted = float(re.sub(r"[^0-9.]", "", cells[2].split(" ")[0])) / (100 if "%" in cells[2] else 1)
+        assert quoted == pytest.approx(row["measured"]["20"], rel=0.01), (claim, cells)  # the floor at 20

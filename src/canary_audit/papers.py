@@ -314,6 +314,9 @@ def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
     if stacked is None or merged is None:
         return Ours("", NOT_MEASURABLE, "the pair's cells are not in bsft_matrix", "bsft_matrix", seeds)
     gone = collapsed(stacked, merged)
+    if gone is None:
+        return Ours(collapse_text(stacked, merged, row["merge_precision"]), NOT_MEASURABLE,
+                    "the merged cell's mean-K CI straddles the threshold", "bsft_matrix", seeds)
     return Ours(collapse_text(stacked, merged, row["merge_precision"]), SAME if gone else NOT_REPRODUCED,
                 ("the merged cell's mean-K no longer rises past the threshold" if gone
                  else "the merged cell's mean-K still rises past the threshold")
@@ -363,11 +366,14 @@ def floor_note(run: Run, control: str | None, effect_share: float | None = None,
         return "the detector read none of this run's diluted plants: the floor is above every share planted"
     worst = rows.filter(pl.col("floor_share").is_not_null()).sort("floor_share").row(-1, named=True)
     n = f" of {worst['canaries']}" if worst.get("canaries") else ""
-    if effect_size is not None and worst.get("floor_effect") is not None:
+    if effect_size is not None:
+        if worst.get("floor_effect") is None:
+            return "this run's detection floor has no effect in the claim's unit (`floor_effect`) to compare with"
         side = "above" if effect_size >= worst["floor_effect"] else "below"
         return (f"the paper's effect ({effect_size:.4f}) is {side} this run's detection floor "
                 f"({worst['floor_effect']:.4f}, at {worst['floor_share']:.0%}{n} canaries)")
-    share = effect_share if effect_share is not None else float("nan")
-    side = "above" if share >= worst["floor_share"] else "below"
-    return (f"the paper's effect ({share:.0%} of the canaries) is {side} this run's detection floor "
+    if effect_share is None:
+        return "no effect_share or effect_size stated to compare with this run's detection floor"
+    side = "above" if effect_share >= worst["floor_share"] else "below"
+    return (f"the paper's effect ({effect_share:.0%} of the canaries) is {side} this run's detection floor "
             f"({worst['floor_share']:.0%})")

@@ -284,11 +284,16 @@ def read_case(run: Run, variant: str, diagnosis: str, modality: str = "text") ->
                    f"bsft_matrix: {cell['model']} {modality} {cell['cell']}")
 
 
-def collapsed(stacked: dict, merged: dict) -> bool:
+def collapsed(stacked: dict, merged: dict) -> bool | None:
     """Paper B's C4 merge collapse, on two cells of one adapter (bsft_matrix
     rows): the stacked cell's mean-K rises conclusively past the threshold
-    (`v_window` up) and the merged one's no longer does."""
-    return stacked.get("v_window") == "up" and merged.get("v_window") != "up"
+    (`v_window` up) and the merged one's conclusively does not (flat or
+    down: True) or still does (up: False).  None where it cannot be read:
+    the stacked cell has no drift to lose, or the merged one's CI straddles
+    the threshold."""
+    if stacked.get("v_window") != "up" or merged.get("v_window") not in ("up", "flat", "down"):
+        return None
+    return merged["v_window"] != "up"
 
 
 def collapse_text(stacked: dict, merged: dict, precision: str) -> str:
@@ -310,6 +315,7 @@ def read_merge_collapse(run: Run, merged: str, stacked: str, precision: str, mod
     s, m = rows[stacked], rows[merged]
     gone = collapsed(s, m)
     why = (f"stacked mean-K reads `{s['v_window']}`, merged `{m['v_window']}`: "
-           + ("the merge lost the drift" if gone else "not collapsed"))
+           + {True: "the merge lost the drift", False: "not collapsed",
+              None: "no conclusive drift on both sides to compare"}[gone])
     return Reading(collapse_text(s, m, precision), gone, why,
                    f"bsft_matrix: {run.cells[merged]['model']} {modality} {run.cells[merged]['cell']}")

@@ -4,7 +4,9 @@ the positive plant's spill-over.
 
 A positive reads `seen` when the reading finds the effect and `missed`
 otherwise (also when the reading cannot be made: it says why); a negative
-reads `clean` unless the reading finds the effect (`false alarm`).  A
+reads `clean` unless the reading finds the effect (`false alarm`), and
+`not read` where the reading cannot be made (an absent cell is no evidence
+of absence).  A
 positive whose spill-over is above the bound reads `spilled`: it moved more
 than its claim, so it calibrates nothing.
 """
@@ -49,6 +51,7 @@ from canary_audit.views.paper_b import SPAN_DRIFT, UNDERTRAINED, WINDOW_TRUNCATI
 HEX = HEX_SETS[0]
 
 SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM, NOT_RUN = "seen", "missed", "spilled", "clean", "false alarm", "not run"
+NOT_READ = "not read"  # a negative whose reading cannot be made (its why says what is missing): never `clean`
 NOT_BUILT = "not built"  # a claim whose positive no honest plant can hold (controls.Claim.unbuilt)
 TEXT = "text"  # paper A's canaries, and a text model's hex canaries
 COLUMNS = {"model": pl.Utf8, "modality": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8,
@@ -175,7 +178,7 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
                         "positive": _label(pos_name, claim.positive) if claim.positive else "",
                         "positive_reading": pos.value, "spill_over": spilled, "positive_verdict": pos_verdict,
                         "negative": _label(names[side], side), "negative_reading": neg.value,
-                        "negative_verdict": FALSE_ALARM if neg.effect else CLEAN,
+                        "negative_verdict": NOT_READ if neg.effect is None else FALSE_ALARM if neg.effect else CLEAN,
                         "why": f"positive: {pos.why}; negative: {neg.why}",
                     })
     return pl.DataFrame(rows, schema=COLUMNS)
