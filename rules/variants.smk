@@ -19,7 +19,9 @@ rule variant_manifest:
     resources:
         **job_resources("light"),
     params:
-        model=lambda w: model_json(w, variant_entry(w).base, variant_entry(w).merge_dtype),
+        model=lambda w: model_json(
+            w, variant_entry(w).base, variant_entry(w).merge_dtype
+        ),
         adapters=lambda w: " ".join(variant_entry(w).adapters),
         apply=lambda w: variant_entry(w).apply,
         fields=lambda w: canonical(variant_entry(w).fields()),
