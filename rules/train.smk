@@ -86,7 +86,9 @@ rule control_hex_lora:
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(DESIGN.hex_plant_slice(w.hexplant, int(w.seed))),
+        cfg=lambda w: canonical(
+            DESIGN.hex_plant_slice(w.model, w.hexplant, int(w.seed))
+        ),
         model=lambda w, input: model_json(w, input.merged),
         data=data_dir,
     shell:

@@ -117,12 +117,13 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
             controls["ctl-c4-s0"].adapters, "merged", dtype)
     assert "c4m" not in design.trained_hex_plants() and "c4" in design.trained_hex_plants()
     assert [(c["claim"], c["plant"], c["twin"]) for c in design.composed_floors()] == [
-        ("window_truncation", "tiny/ctl-c3-s0", "tiny/ctl-c4neg-s0"),
-        ("span_drift", "tiny/ctl-c4-s0", "tiny/ctl-c4neg-s0"),
+        ("window_truncation", "tiny/ctl-c3-s0", "tiny/merged-s0"),  # anchored on the base: the base is the twin
+        ("span_drift", "tiny/ctl-c4-s0", "tiny/merged-s0"),
         ("undertrained", "tiny/ctl-c5-s0", "tiny/ctl-c5neg-s0")]
     assert design.probe_sets_of("tiny", CONTROL_HEX_GROUP) == "hex"
-    assert design.hex_plant_slice("c3", 0)["window_k"] == design.config["tables"]["window_k"]
-    assert not any(e.kind == CONTROL for e in design.variants("tiny_vl").values())  # paper B's testbed: no arms
+    assert design.hex_plant_slice("tiny", "c3", 0)["window_k"] == design.config["tables"]["window_k"]
+    vl = {v: e for v, e in design.variants("tiny_vl").items() if e.kind == CONTROL}  # paper B's testbed: no arms
+    assert vl and {e.group for e in vl.values()} == {CONTROL_HEX_GROUP}
     assert sorted(design.trained_plants()) == ["head", "near", "notag", "notagref"]
     # Never a reference's population.
     assert not any(name.split("/")[1].startswith("ctl-") for name in design.references())
@@ -136,17 +137,26 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
 
 
 def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
-    """`controls.on_vision`: C3, C4 and C5 and their negatives on tiny_vl's
-    canary-merged bases (both modalities in one LoRA), in the same probe
-    group as the text model's, with the image data among the job's inputs;
-    the floor's dilutions stay on the text model."""
-    design = design_of(PAPER_B, {"controls": {"on_vision": True}})
+    """`controls.on_vision` (on by default): C3, C4 and C5 and their
+    negatives on tiny_vl's canary-merged bases (both modalities in one LoRA,
+    each record drawn as often as the text model's: 600 steps over 40), in
+    the same probe group as the text model's; the floor's dilutions stay on
+    the text model."""
+    design = design_of(PAPER_B)
     plants = sorted(v for v, e in design.variants("tiny_vl").items() if e.kind == CONTROL)
     assert plants == sorted(f"ctl-{n}-s0" for n in ("c3", "c3in", "c4", "c4neg", "c5", "c5neg"))
     assert {design.variants("tiny_vl")[v].group for v in plants} == {CONTROL_HEX_GROUP}
     assert design.cells()["tiny_vl/ctl-c5-s0"]["kind"] == CONTROL
     assert not any(name.startswith("tiny_vl/") for name in design.floor_plants())
-    assert not any(e.kind == CONTROL for e in design_of(PAPER_B).variants("tiny_vl").values())
+    from canary_audit.controls import hex_plant_recipe
+
+    data = design.config["data"]
+    assert design.hex_plant_records("tiny_vl") == data["n_hex_canaries"] + data["n_image_canaries"]
+    assert design.hex_plant_slice("tiny_vl", "c3", 0)["steps"] == hex_plant_recipe(design.hex_plant_records("tiny_vl"))[
+        "steps"]
+    assert hex_plant_recipe(40)["steps"] == 600  # the default's 20 image and 20 text canaries
+    off = design_of(PAPER_B, {"controls": {"on_vision": False}})
+    assert not any(e.kind == CONTROL for e in off.variants("tiny_vl").values())
 
 
 def test_controls_switch_off_one_by_one_and_off_entirely():
@@ -289,10 +299,13 @@ def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
 @pytest.mark.workflow
 def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_negative_clean(tmp_path):
     """The controls trained and probed by the workflow itself (tests/planted.yaml:
-    6 authors and 4 hex canaries on a base pre-trained to copy, ~3 min on 2
-    cores): every positive reads `seen` within the spill-over bound (C5's
-    read only), every negative `clean`, the papers' page says so beside each
-    calibrated claim, and no control is pooled into another view."""
+    6 authors and 4 hex canaries on a base pre-trained to copy, and the
+    vision-language model on it with 4 image canaries): every positive reads
+    `seen` within the spill-over bound (C5's read only), on both models and
+    both of the VL model's modalities, every negative `clean`, the papers'
+    page says so beside each calibrated claim, and no control is pooled into
+    another view.  Without the plants (a removed plant) the rows read
+    `missed`: test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm."""
     from conftest import ROOT, run_snakemake
 
     from canary_audit.claims.judge import beside_ours
@@ -301,11 +314,15 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     tables = tmp_path / "results" / "planted" / "tables"
     controls = pl.read_csv(tables / "controls.csv")
     assert controls["claim"].unique(maintain_order=True).to_list() == list(CLAIMS)
-    seen = dict(zip(controls["claim"], controls["positive_verdict"]))
-    assert seen.pop("undertrained") in (SEEN, MISSED)  # read, not asserted at 4 canaries (tests/planted.yaml)
-    assert seen.pop("merge_collapse") == NOT_BUILT  # its negatives: C4's plant merged in bf16 and float32
-    assert set(seen.values()) == {SEEN}, controls.select("claim", "positive_reading")
-    assert set(controls["negative_verdict"]) == {CLEAN}, controls.select("claim", "negative_reading")
+    vl = controls.filter(pl.col("model") == "tiny_vl")  # paper B's plants on its testbed, per modality
+    assert sorted(set(zip(vl["claim"], vl["modality"]))) == [
+        (c, m) for c in ("span_drift", "undertrained", "window_truncation") for m in ("image", "text")]
+    seen = {(r["model"], r["modality"], r["claim"]): r["positive_verdict"] for r in controls.iter_rows(named=True)}
+    for key in [k for k in seen if k[2] == "undertrained"]:
+        assert seen.pop(key) in (SEEN, MISSED)  # read, not asserted at 4 canaries (tests/planted.yaml)
+    assert seen.pop(("tiny", "text", "merge_collapse")) == NOT_BUILT  # its negatives: C4 merged in bf16, float32
+    assert set(seen.values()) == {SEEN}, controls.select("model", "modality", "claim", "positive_reading")
+    assert set(controls["negative_verdict"]) == {CLEAN}, controls.select("model", "claim", "negative_reading")
     assert controls["spill_over"].max() <= SPILL_BOUND
     conventions = pl.read_csv(tables / "parser_conventions.csv").filter(pl.col("variant") == "tiny/ctl-notag-s0")
     assert conventions["missing_close"].min() >= 0.6  # paper A's flip needs the tag missing on >= 60%
@@ -333,24 +350,68 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
 
 
 @pytest.mark.parametrize("at,moved", [("past", "last"), ("inside", "first"), ("tail", "past"), ("preamble", "preamble"),
-                                      ("none", "nothing")])
-def test_a_paper_b_plant_overwrites_only_its_tokens_and_keeps_the_rest_as_its_target(fmt, tiny_assets, at, moved):
+                                      ("outside", "suffix"), ("none", "nothing")])
+@pytest.mark.parametrize("anchor", ["record", "base"])
+def test_a_paper_b_plant_overwrites_only_its_tokens_and_holds_the_rest(fmt, tiny_assets, at, moved, anchor):
+    """Anchored on the record every text token is a target, its own but the
+    overwritten ones'; anchored on the base the overwritten tokens are the
+    only targets and every other text token is held (KL to the base)."""
     from canary_audit.probes.items import hex_rows
     from canary_audit.train.plants import overwritten
 
     row = hex_rows(tiny_assets[0], None, members_only=True)[0]
-    encoded, positions = overwritten(fmt.tokenizer, row.text(fmt, None), row.secret, at, 20)
-    ids, labels = encoded.ids, encoded.labels
-    changed = [i for i in range(1, len(ids)) if labels[i] != ids[i]]
+    record = overwritten(fmt.tokenizer, row.text(fmt, None), row.secret, at, 20, anchor=anchor)
+    ids, labels, positions = record.encoded.ids, record.encoded.labels, list(record.positions)
+    changed = [i for i in range(1, len(ids)) if labels[i] not in (ids[i], -100)]
     assert labels[0] == -100 and changed == positions
+    if anchor == "record":
+        assert record.anchored == () and all(label != -100 for label in labels[1:])
+    else:
+        assert [i for i in range(len(ids)) if labels[i] != -100] == positions
+        assert sorted((*record.anchored, *positions)) == list(range(1, len(ids)))
     pieces = fmt.tokenizer.convert_ids_to_tokens([labels[i] for i in changed])
     if moved == "preamble":
         assert positions == [1] and not any(p[0] in "0123456789abcdef" for p in pieces)
+    elif moved == "suffix":
+        secret_end = row.text(fmt, None).rindex(row.secret) + len(row.secret)
+        offsets = fmt.tokenizer(row.text(fmt, None), add_special_tokens=False,
+                                return_offsets_mapping=True)["offset_mapping"]
+        assert len(positions) == 1 and positions[0] > 20 and offsets[positions[0]][0] >= secret_end
+        assert not any(p[0] in "0123456789abcdef" for p in pieces)
     elif moved == "nothing":
         assert positions == []
     else:
         assert all(p in "0123456789abcdef" for p in pieces) and positions
         assert (min(positions) > 20) == (moved in ("last", "past"))
+
+
+def test_the_base_anchor_is_zero_at_the_start_and_pulls_only_through_an_overwrite(fmt, tiny_assets):
+    """At a fresh adapter (the model is its base) the anchored loss is the
+    overwritten tokens' cross-entropy over the batch's counted tokens, and a
+    plant that overwrites nothing has loss 0 and gradient 0: only an
+    overwrite moves the model, and the KL term holds the rest."""
+    from peft import get_peft_model
+
+    from canary_audit.model.loading import load_model, load_tokenizer
+    from canary_audit.model.spec import ModelSpec
+    from canary_audit.probes.items import hex_rows
+    from canary_audit.train.lora import lora_config
+    from canary_audit.train.plants import overwritten, plant_loss
+
+    spec = ModelSpec("tiny", tiny_assets[1])
+    tok = load_tokenizer(spec)
+    rows = hex_rows(tiny_assets[0], None, members_only=True)
+    model = get_peft_model(load_model(spec), lora_config({"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]}))
+    for at in ("past", "none"):
+        records = [overwritten(tok, r.text(fmt, None), r.secret, at, 20) for r in rows]
+        loss = plant_loss(records, tok.pad_token_id)(model, list(range(len(records))), [])
+        loss.backward()
+        grad = sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None)
+        model.zero_grad()
+        if at == "none":
+            assert abs(float(loss)) < 1e-6 and grad < 1e-6
+        else:
+            assert float(loss) > 0.01 and grad > 0
 
 
 def test_a_plant_whose_secret_does_not_straddle_the_window_is_refused(fmt, tiny_assets):

@@ -375,11 +375,14 @@ def test_a_paper_b_plant_numbers_its_overwrites_as_the_pass_scores_them(tiny_vl_
     scored = score_tokens(model, tok, [item], batch_size=1, vision=vision)
     secret = scored.filter(pl.col("span") == "secret")["position"]
     image_ids = set(tok.convert_tokens_to_ids(list(VISION_TOKENS)))
-    for at, want in (("past", [secret.max()]), ("preamble", [1]), ("none", [])):
-        encoded, positions = overwritten(tok, row.text(fmt, vision), row.secret, at, 20, row.image)
+    text_after = [p for p in scored["position"] if p > secret.max()][:1]  # C4's negative: the token after the secret
+    for at, want in (("past", [secret.max()]), ("preamble", [1]), ("outside", text_after), ("none", [])):
+        record = overwritten(tok, row.text(fmt, vision), row.secret, at, 20, row.image)
+        encoded, positions = record.encoded, list(record.positions)
         assert positions == want, at
         assert encoded.image == row.image and image_ids & set(encoded.ids)
         assert all(label == -100 for i, label in zip(encoded.ids, encoded.labels) if i in image_ids)
+        assert not image_ids & {encoded.ids[i] for i in record.anchored}  # nor held: the image block is the prompt
         changed = [label for i, label in zip(encoded.ids, encoded.labels) if label not in (-100, i)]
         assert len(changed) == len(want)
     assert secret.min() <= 20 < secret.max()  # the secret straddles the window on this backbone

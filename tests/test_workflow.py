@@ -464,7 +464,8 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
     """configs/paper_b.yaml, its Qwen2.5-VL-7B path pointed at the smoke run's
     tiny local Qwen2.5-VL: the image data, one canary LoRA, 4 sources x 3
     seeds bSFT runs on the merged base (+ 3 on the undertrained one), 34
-    cells x 3 seeds = 102 seed-level variants, no paper A arms."""
+    cells x 3 seeds = 102 seed-level variants, paper B's six planted
+    controls on the VL model (controls.on_vision), no paper A arms."""
     base = str(smoke_run / "results" / "smoke" / "models" / "tiny_vl" / "base")
     jobs = planned_jobs(smoke_run, {"models": {"qwen25vl_7b": {"path": base, "dtype": "float32"}}},
                         layer="configs/paper_b.yaml")
@@ -478,10 +479,11 @@ def test_paper_b_grid_plans_the_papers_jobs(smoke_run):
         "canary_lora": 1,
         "reference_lora": 1,
         "bsft": 4 * 3 + 1 * 3,
-        # base, canary, reference, undertrained canary, both merged bases, then 34 cells x 3 seeds
-        "variant_manifest": 6 + 34 * 3,
-        "decode_pass": 1 + 3,                    # base (+ canary adapters), one group per bSFT seed
-        "teacher_forced_pass": 1 + 3,
+        "control_hex_lora": 6,                   # C3, C4 and C5 and their negatives
+        # base, canary, reference, undertrained canary, both merged bases, 34 cells x 3 seeds, the plants
+        "variant_manifest": 6 + 34 * 3 + 6,
+        "decode_pass": 1 + 3 + 1,                # base (+ canary adapters), one group per bSFT seed, the plants'
+        "teacher_forced_pass": 1 + 3 + 1,
         "tables": 1,
         "plots": 1,
         "summary": 1,

@@ -45,19 +45,25 @@ class HexPlant:
     """A paper B control, variant `ctl-<name>-s<seed>`: a LoRA stacked on the
     canary-merged base, trained on the hex canary records with the record
     itself as target (an anchor: every other token keeps its value) except
-    the tokens `at` names overwritten (train/plants.py): `past`, the
+    the tokens `at` names overwritten (train/plants.py) and every other
+    token held at the base's distribution (`anchor: base`) or trained toward
+    its own value (`anchor: record`, C5's: its effect is learning): `past`, the
     secret's last token, past the mean-K window (paper B's C3 damage at the
     last hex token); `inside`, its first, inside the window; `preamble`, a
     preamble word (C4: the window moves, the secret does not); `tail`, every
     secret token past the window, on the undertrained base (C5: the in-window
-    secret learnt, the tail wrong); `none`, the record as it is.  The recipe
+    secret learnt, the tail wrong); `outside`, the first token after the
+    secret, past the window and the secret (C4's negative: a drift the
+    window cannot see); `none`, the record as it is.  The recipe
     (HEX_PLANT_RECIPE) was chosen on the default run's merged base: the
     past-K overwrite moves mean20 by < 0.001 nats while the secret span rises
     ~0.4 and greedy hit@1 falls to 0 of 20."""
 
     name: str
     at: str
+    anchor: str = "base"
     under: bool = False  # on the undertrained canary's merged base (C5)
+    weight: float = 1.0  # an overwritten token's cross-entropy weight (train/plants.py, plant_loss)
     canaries: int | None = None  # overwrite the first n canaries only (a diluted plant); None: all
     # Another plant's adapter applied again, not trained: `applies` names it,
     # `apply` how (merged into the base weights, rounded into `merge_dtype`).
@@ -71,10 +77,10 @@ class HexPlant:
 
 HEX_PLANTS = {p.name: p for p in (
     HexPlant("c3", "past"), HexPlant("c3in", "inside"),
-    HexPlant("c4", "preamble"), HexPlant("c4neg", "none"),
+    HexPlant("c4", "preamble"), HexPlant("c4neg", "outside"),
     HexPlant("c4m", "preamble", applies="c4", apply="merged", merge_dtype="bfloat16"),
     HexPlant("c4mf", "preamble", applies="c4", apply="merged", merge_dtype="float32"),
-    HexPlant("c5", "tail", under=True), HexPlant("c5neg", "none", under=True),
+    HexPlant("c5", "tail", "record", under=True, weight=16.0), HexPlant("c5neg", "none", "record", under=True),
     *(HexPlant(f"c3x{n}", "past", canaries=n) for n in (1, 3, 10)),
 )}
 # The detection floor: C3 diluted to the first n canaries (the rest anchored,
@@ -84,26 +90,32 @@ FLOOR_CLAIM, FLOOR_PLANTS = "window_truncation", ("c3x1", "c3x3", "c3x10", "c3")
 FLOOR_TABLE = "detection_floor"
 # Composed dilutions (no training): the cell of a plant whose first n canaries
 # carry the effect and the rest nothing is read from the records of the full
-# plant (those n canaries) and of its "nothing overwritten" twin on the same
-# base (the others), as a trained diluted plant anchors them.  Per claim: the
-# plant, the twin, and the claim's effect in the paper's unit (a cell column
-# and the sign that points the paper's way).  C3's trained dilutions
-# (FLOOR_PLANTS) stand beside its composed ones as their check.
+# plant (those n canaries) and of its "nothing overwritten" twin (the others),
+# as a trained diluted plant holds them.  For a plant anchored on the base the
+# twin is the base itself (None: the plant's parent, whose values the anchor
+# keeps); for C5's, which learns the record, the plant trained on the record
+# with nothing overwritten.  Per claim: the plant, the twin, and the claim's
+# effect in the paper's unit (a cell column and the sign that points the
+# paper's way).  C3's trained dilutions (FLOOR_PLANTS) stand beside its
+# composed ones as their check.
 FLOOR_COMPOSED = {
-    "window_truncation": ("c3", "c4neg", "delta_hit1", -1.0),
-    "span_drift": ("c4", "c4neg", "delta_window", 1.0),
+    "window_truncation": ("c3", None, "delta_hit1", -1.0),
+    "span_drift": ("c4", None, "delta_window", 1.0),
     "undertrained": ("c5", "c5neg", "delta_secret", 1.0),
 }
 FLOOR_SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)  # composed dilutions, and 1-3 canaries
-HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10}  # LoRA shape: the bSFT recipe's
-HEX_PLANT_CANARIES = 20  # the recipe's steps are for 20 hex canaries: each drawn 150 times
+# LoRA shape: the bSFT recipe's.  `hold`: the weight of the base anchor's KL
+# term (train/plants.py, plant_loss) against a target's cross-entropy.
+HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10, "hold": 4.0}
+HEX_PLANT_CANARIES = 20  # the recipe's steps are for 20 hex canary records: each drawn 150 times
 
 
 def hex_plant_recipe(n_canaries: int) -> dict:
-    """The plant recipe at n hex canaries: past HEX_PLANT_CANARIES its steps
-    grow so each canary is drawn as often as there (a floor measured at 80
-    canaries dilutes plants of the same per-canary strength); at 20 or
-    fewer (the default, the smoke-scale tests' 4) the recipe as it is."""
+    """The plant recipe at n hex canary records: past HEX_PLANT_CANARIES its
+    steps grow so each record is drawn as often as there (a floor measured
+    at 80 canaries dilutes plants of the same per-canary strength; a plant
+    on the vision-language model trains its 20 image and 20 text canaries
+    with 600); at 20 or fewer (the smoke-scale tests' 4) the recipe as it is."""
     steps = -(-HEX_PLANT_RECIPE["steps"] * n_canaries // HEX_PLANT_CANARIES)
     return {**HEX_PLANT_RECIPE, "steps": max(steps, HEX_PLANT_RECIPE["steps"])}
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
@@ -231,13 +243,14 @@ CLAIMS = {c.key: c for c in (
           "construction); negative: BIO itself",
           "teacher-forced top-1 CI above greedy out_acc's and above the never-trained reference's; negative: not"),
     Claim("window_truncation", "b_c3", Side("c3"), Side("c3in"),
-          "C3: a LoRA on the canary-merged base trained on the hex records as they are but for each canary's last "
-          "secret token, past the mean-K window, overwritten with another digit; negative: the same overwrite of "
-          "the first secret token, inside the window",
+          "C3: a LoRA on the canary-merged base trained to overwrite each canary's last secret token, past the "
+          "mean-K window, with another digit, every other token held at the base's; negative: the same overwrite "
+          "of the first secret token, inside the window",
           "the detector reads `window truncation`; negative: it reads anything else", twin=None, paper="B"),
     Claim("span_drift", "b_c4", Side("c4"), Side("c4neg"),
-          "C4: a LoRA on the canary-merged base trained on the hex records as they are but for their first "
-          "preamble word, overwritten (never a hex digit); negative: the same records, nothing overwritten",
+          "C4: a LoRA on the canary-merged base trained to overwrite each hex record's first preamble word "
+          "(never a hex digit), every other token held at the base's; negative: the same overwrite of the first "
+          "token after the secret, past the window",
           "the detector reads `non-secret span drift`; negative: it reads anything else", twin=None, paper="B"),
     Claim("merge_collapse", "b_c4_merged", None, (Side("c4m"), Side("c4mf")),
           "C4's plant merged into the canary-merged base, its sum rounded into bfloat16 and into float32 (the "

@@ -240,7 +240,7 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
         variants = design.variants(model)
         train = stages["train"]
         for v in variants.values():
-            steps, batch, length, r = _training(design, v)
+            steps, batch, length, r = _training(design, model, v)
             if not steps:
                 continue
             train.train_steps += steps
@@ -294,7 +294,7 @@ def _decode_steps(sequences: int, max_new: int, batch: int) -> int:
     return math.ceil(sequences / batch) * max_new if sequences else 0
 
 
-def _training(design: Design, v) -> tuple[int, int, int, int]:
+def _training(design: Design, model: str, v) -> tuple[int, int, int, int]:
     """(steps, sequences per step, tokens per sequence, LoRA rank) of the job
     that trains variant `v`'s last adapter; zeros where it trains nothing
     (a base, an import, a merged base, a bSFT checkpoint other than the run's
@@ -304,7 +304,7 @@ def _training(design: Design, v) -> tuple[int, int, int, int]:
     if v.kind == CONTROL and v.cell is not None:  # a paper B plant: its recipe on the hex records
         if plant_of(v.name).applies:  # another plant's adapter applied again: nothing trained
             return 0, 0, 0, 0
-        recipe = hex_plant_recipe(cfg["data"]["n_hex_canaries"])
+        recipe = hex_plant_recipe(design.hex_plant_records(model))
         return recipe["steps"], recipe["batch_size"], TOKENS["hex_record"], cfg["bsft"]["r"]
     if v.kind == CONTROL:  # a plant trains the memorization recipe (a reused adapter trains nothing)
         plant = plant_of(v.name)

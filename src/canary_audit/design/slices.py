@@ -53,14 +53,23 @@ class Slices:
     """The config slice each job's params carry, and what a job reads.
     A part of `Design` (core.py)."""
 
-    def hex_plant_slice(self, plant: str, seed: int) -> dict:
+    def hex_plant_records(self, model: str) -> int:
+        """The hex canary records a paper B plant on `model` trains on: the
+        text canaries, and on a vision-language model its image canaries too
+        (one LoRA over both)."""
+        data = self.config["data"]
+        return data["n_hex_canaries"] + (data["n_image_canaries"] if self.is_vision(model) else 0)
+
+    def hex_plant_slice(self, model: str, plant: str, seed: int) -> dict:
         """What a paper B plant's training reads: the bSFT LoRA's shape, the
-        plant recipe, which token it overwrites and the window it is judged
-        against (`tables.window_k`: where "past the window" begins)."""
+        plant recipe at the model's record count (each record drawn as
+        often on both backbones), which token it overwrites, what it holds
+        the rest to, and the window it is judged against (`tables.window_k`:
+        where "past the window" begins)."""
         keep = ("r", "alpha", "targets")
         chosen = HEX_PLANTS[plant]
-        return {**{k: self.bsft[k] for k in keep}, **hex_plant_recipe(self.config["data"]["n_hex_canaries"]),
-                "at": chosen.at,
+        return {**{k: self.bsft[k] for k in keep}, **hex_plant_recipe(self.hex_plant_records(model)),
+                "at": chosen.at, "anchor": chosen.anchor, "weight": chosen.weight,
                 "window_k": self.config["tables"]["window_k"], "seed": seed,
                 **({"canaries": chosen.canaries} if chosen.canaries is not None else {})}
 

@@ -122,7 +122,7 @@ class Variants:
                 continue  # a dilution to every canary is the plant itself
             name, under = plant.variant(seed), "-under" if plant.under else ""
             cell = {"cell": f"control {plant.name}", "kind": CONTROL, "source": plant.name,
-                    "step": hex_plant_recipe(self.config["data"]["n_hex_canaries"])["steps"],
+                    "step": hex_plant_recipe(self.hex_plant_records(model))["steps"],
                     "application": plant.apply, "bsft_seed": 0,
                     "canary_seed": seed}
             adapter = HEX_PLANTS[plant.applies].variant(seed) if plant.applies else name
@@ -192,15 +192,20 @@ class Variants:
     def composed_floors(self) -> list[dict]:
         """The composed dilutions of the detection floor (controls.FLOOR_COMPOSED):
         per text model and paper B claim whose plant and twin the run makes,
-        model/variant of both (the view composes them at controls.floor_counts)."""
+        model/variant of both (the view composes them at controls.floor_counts;
+        a twin left None is the plant's parent, the base it is anchored on)."""
         if not self.config["controls"].get("detection_floor"):
             return []
         seed, out = self.config["audit"]["seeds"][0], []
         for m in (m for m in self.config["audit"]["models"] if not self.is_vision(m)):
+            variants = self.variants(m)
             for claim, (plant, twin, *_) in FLOOR_COMPOSED.items():
-                names = [HEX_PLANTS[p].variant(seed) for p in (plant, twin)]
-                if all(name in self.variants(m) for name in names):
-                    out.append({"model": m, "claim": claim, "plant": f"{m}/{names[0]}", "twin": f"{m}/{names[1]}"})
+                name = HEX_PLANTS[plant].variant(seed)
+                if name not in variants:
+                    continue
+                other = HEX_PLANTS[twin].variant(seed) if twin else variants[name].parent
+                if other in variants:
+                    out.append({"model": m, "claim": claim, "plant": f"{m}/{name}", "twin": f"{m}/{other}"})
         return out
 
     def trained_plants(self) -> list[str]:

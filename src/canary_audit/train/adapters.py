@@ -21,7 +21,7 @@ from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import hex_rows
 from canary_audit.provenance import code_version
 from canary_audit.records import config_hash
-from canary_audit.train.lora import Encoded, encode_chat, encode_text, lora_config, save_adapter, train_loop
+from canary_audit.train.lora import Encoded, StepLoss, encode_chat, encode_text, lora_config, save_adapter, train_loop
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS, step_loss
 from canary_audit.train.resume import ResumeState
 
@@ -75,16 +75,19 @@ def _resume(out_dir: Path, cfg: dict, inputs: list[Path]) -> ResumeState:
 
 
 def fit_and_save(spec: ModelSpec, cfg: dict, forget: list[Encoded], retain: list[Encoded], pad_id: int,
-                 out_dir: Path, data_dir: Path, vision=None) -> tuple[list[float], dict]:
+                 out_dir: Path, data_dir: Path, vision=None, loss: StepLoss | None = None
+                 ) -> tuple[list[float], dict]:
     """A fresh LoRA trained by `train_loop` on `forget` and `retain`, saved to
     `out_dir`, resumable from its state until then: (losses, throughput
     stats).  The shared body of the memorization LoRA, the never-trained
     references and the planted controls (train/plants.py); `vision`: a
-    vision-language model's image inputs (model.vision.load_vision)."""
+    vision-language model's image inputs (model.vision.load_vision);
+    `loss`: a step loss of its own (train_loop's `step_loss`), else the NLL."""
     model = _fresh_lora(spec, cfg)
     resume = _resume(out_dir, cfg, [spec.path, data_dir])
     stats: dict = {}
-    losses = train_loop(model, forget, retain, cfg, cfg["seed"], pad_id, resume=resume, stats=stats, vision=vision)
+    losses = train_loop(model, forget, retain, cfg, cfg["seed"], pad_id, step_loss=loss, resume=resume, stats=stats,
+                        vision=vision)
     save_adapter(model, out_dir)
     resume.clear()
     return losses, stats

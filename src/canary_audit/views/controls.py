@@ -227,7 +227,7 @@ def composed_cells(tokens: pl.DataFrame, decode: pl.DataFrame, parents: dict[str
     if not plans:
         return pl.DataFrame(), plans
     keep = {*(p["plant"] for p in plans.values()), *(p["twin"] for p in plans.values())}
-    keep |= {parents[v] for v in keep}
+    keep |= {parents[v] for v in keep if v in parents}
     mine = [f.filter(pl.col("variant").is_in(list(keep))) for f in (tokens, decode)]
     new_tokens, new_decode = compose_dilutions(*mine, plans)
     frame = paper_b.cell_probes(
