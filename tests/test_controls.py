@@ -91,7 +91,7 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
 
 # Every control: paper B's plants (the smoke config leaves them out) and the META adapter bypass_gap's negative reads.
 PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "merge_collapse": True, "undertrained": True,
-                        "detection_floor": True},
+                        "detection_floor": True, "floor_trained": True},
            "audit": {"templates": ["bio", "meta", "none"]}}
 
 
@@ -139,7 +139,7 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
 def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
     """`controls.on_vision` (on by default): C3, C4 and C5 and their
     negatives on tiny_vl's canary-merged bases (both modalities in one LoRA,
-    each record drawn as often as the text model's: 600 steps over 40), in
+    each record drawn as often as the text model's: 300 steps over 40), in
     the same probe group as the text model's; the floor's dilutions stay on
     the text model."""
     design = design_of(PAPER_B)
@@ -154,7 +154,7 @@ def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
     assert design.hex_plant_records("tiny_vl") == data["n_hex_canaries"] + data["n_image_canaries"]
     assert design.hex_plant_slice("tiny_vl", "c3", 0)["steps"] == hex_plant_recipe(design.hex_plant_records("tiny_vl"))[
         "steps"]
-    assert hex_plant_recipe(40)["steps"] == 600  # the default's 20 image and 20 text canaries
+    assert hex_plant_recipe(40)["steps"] == 300  # the default's 20 image and 20 text canaries
     off = design_of(PAPER_B, {"controls": {"on_vision": False}})
     assert not any(e.kind == CONTROL for e in off.variants("tiny_vl").values())
 
@@ -540,7 +540,7 @@ def test_the_plant_recipe_keeps_its_steps_up_to_20_canaries_and_each_canarys_dra
     default's; the default and the smoke-scale tests train the recipe as declared."""
     from canary_audit.controls import HEX_PLANT_RECIPE, hex_plant_recipe
 
-    assert [hex_plant_recipe(n)["steps"] for n in (4, 20, 80)] == [300, 300, 1200]
+    assert [hex_plant_recipe(n)["steps"] for n in (4, 20, 40, 80)] == [150, 150, 300, 600]
     assert {k: v for k, v in hex_plant_recipe(80).items() if k != "steps"} == {
         k: v for k, v in HEX_PLANT_RECIPE.items() if k != "steps"}
 

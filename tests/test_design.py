@@ -189,9 +189,9 @@ def test_registries_and_schema_enumerations_agree():
     assert bsft["sources"]["items"]["enum"] == list(BSFT_SOURCES)
     audit = SCHEMA["properties"]["audit"]["properties"]
     assert audit["templates"]["items"]["enum"] == list(TEMPLATES)
-    from canary_audit.controls import CLAIMS, ON_VISION  # a planted control's switch: one per claim, and the floor's
+    from canary_audit.controls import CLAIMS, FLOOR_TRAINED, ON_VISION  # a control's switch: one per claim, the floor's
     controls = SCHEMA["properties"]["controls"]
-    assert list(controls["properties"]) == controls["required"] == [*CLAIMS, "detection_floor", ON_VISION]
+    assert list(controls["properties"]) == controls["required"] == [*CLAIMS, "detection_floor", FLOOR_TRAINED, ON_VISION]
 
 
 def _schema_node(node: dict) -> dict:

@@ -80,13 +80,17 @@ HEX_PLANTS = {p.name: p for p in (
     HexPlant("c4", "preamble"), HexPlant("c4neg", "outside"),
     HexPlant("c4m", "preamble", applies="c4", apply="merged", merge_dtype="bfloat16"),
     HexPlant("c4mf", "preamble", applies="c4", apply="merged", merge_dtype="float32"),
-    HexPlant("c5", "tail", "record", under=True, weight=16.0), HexPlant("c5neg", "none", "record", under=True),
+    HexPlant("c5", "tail", "record", under=True, weight=8.0), HexPlant("c5neg", "none", "record", under=True),
     *(HexPlant(f"c3x{n}", "past", canaries=n) for n in (1, 3, 10)),
 )}
 # The detection floor: C3 diluted to the first n canaries (the rest anchored,
 # nothing overwritten); the smallest share the detector still reads as
 # `window truncation` is the floor a paper's effect must clear to be seen.
 FLOOR_CLAIM, FLOOR_PLANTS = "window_truncation", ("c3x1", "c3x3", "c3x10", "c3")
+# Switch (config `controls.floor_trained`): the trained dilutions, the check
+# on the composed ones; off in the default (three plants and their passes),
+# on in the results run, the 80-canary floor and the planted-controls test.
+FLOOR_TRAINED = "floor_trained"
 FLOOR_TABLE = "detection_floor"
 # Composed dilutions (no training): the cell of a plant whose first n canaries
 # carry the effect and the rest nothing is read from the records of the full
@@ -106,8 +110,8 @@ FLOOR_COMPOSED = {
 FLOOR_SHARES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)  # composed dilutions, and 1-3 canaries
 # LoRA shape: the bSFT recipe's.  `hold`: the weight of the base anchor's KL
 # term (train/plants.py, plant_loss) against a target's cross-entropy.
-HEX_PLANT_RECIPE = {"steps": 300, "lr": 0.0005, "batch_size": 10, "hold": 4.0}
-HEX_PLANT_CANARIES = 20  # the recipe's steps are for 20 hex canary records: each drawn 150 times
+HEX_PLANT_RECIPE = {"steps": 150, "lr": 0.0005, "batch_size": 10, "hold": 4.0}
+HEX_PLANT_CANARIES = 20  # the recipe's steps are for 20 hex canary records: each drawn 75 times
 
 
 def hex_plant_recipe(n_canaries: int) -> dict:
@@ -115,7 +119,7 @@ def hex_plant_recipe(n_canaries: int) -> dict:
     steps grow so each record is drawn as often as there (a floor measured
     at 80 canaries dilutes plants of the same per-canary strength; a plant
     on the vision-language model trains its 20 image and 20 text canaries
-    with 600); at 20 or fewer (the smoke-scale tests' 4) the recipe as it is."""
+    with 300); at 20 or fewer (the smoke-scale tests' 4) the recipe as it is."""
     steps = -(-HEX_PLANT_RECIPE["steps"] * n_canaries // HEX_PLANT_CANARIES)
     return {**HEX_PLANT_RECIPE, "steps": max(steps, HEX_PLANT_RECIPE["steps"])}
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
@@ -291,10 +295,12 @@ def active_claims(config: dict) -> list[Claim]:
 
 def active_plants(config: dict, paper: str = "A") -> list:
     """The plants the switched-on claims of `paper` read (Plant for A,
-    HexPlant for B; with `controls.detection_floor`, C3's dilutions), in
+    HexPlant for B; with `controls.detection_floor` and
+    `controls.floor_trained`, C3's trained dilutions), in
     declaration order."""
     wanted = set().union(*(c.plants() for c in active_claims(config) if c.paper == paper))
-    if paper == "B" and config.get("controls", {}).get("detection_floor", False):
+    block = config.get("controls", {})
+    if paper == "B" and block.get("detection_floor", False) and block.get(FLOOR_TRAINED, False):
         wanted |= set(FLOOR_PLANTS)
     if paper == "B":  # a plant applied again needs the plant it applies
         wanted |= {HEX_PLANTS[name].applies for name in wanted if HEX_PLANTS[name].applies}
