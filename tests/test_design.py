@@ -191,7 +191,8 @@ def test_registries_and_schema_enumerations_agree():
     assert audit["templates"]["items"]["enum"] == list(TEMPLATES)
     from canary_audit.controls import CLAIMS, FLOOR_TRAINED, ON_VISION  # a control's switch: one per claim, the floor's
     controls = SCHEMA["properties"]["controls"]
-    assert list(controls["properties"]) == controls["required"] == [*CLAIMS, "detection_floor", FLOOR_TRAINED, ON_VISION]
+    switches = [*CLAIMS, "detection_floor", FLOOR_TRAINED, ON_VISION]
+    assert list(controls["properties"]) == controls["required"] == switches
 
 
 def _schema_node(node: dict) -> dict:
