@@ -7,6 +7,7 @@ effect a false alarm), all through the papers' own readings."""
 from __future__ import annotations
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -132,7 +133,7 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
     assert not set(design.probe_slice("decode", group="mem-bio-s0")["prefills"]) & set(CONTROL_ARMS)
     assert set(design.probe_hashes()["decode"]) >= set(CONTROL_ARMS)  # the tables expect their units
     assert design.control_claims() == ALL and {"controls", "detection_floor"} <= set(design.table_names())
-    smoke = design_of()  # the smoke config leaves paper B's plants out (they train 300 steps at any scale)
+    smoke = design_of()  # the smoke config leaves paper B's plants out (they train 150 steps at any scale)
     assert not any(e.group == CONTROL_HEX_GROUP for e in smoke.variants("tiny").values())
 
 
@@ -333,12 +334,22 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     composed = floor.filter(pl.col("construction") == "composed")
     assert sorted(set(composed["claim"])) == ["span_drift", "undertrained", "window_truncation"]
     assert sorted(set(composed["canaries_overwritten"])) == [1, 2, 3, 4]
-    positive = dict(zip(controls["claim"], controls["positive_reading"]))
+    text = controls.filter(pl.col("model") == "tiny")  # the floors are text-model measurements
+    positive = dict(zip(text["claim"], text["positive_reading"]))
+    # Composed at all 4 the records are the plant's own, so every point estimate is; the CIs are not bit-equal:
+    # a table's bootstrap draws one set of cluster weights over all its canaries (views/bootstrap.py), and the
+    # composed cells are read over the text model's alone, the plants' cells beside the VL model's too.
+    def points(reading: str) -> str:
+        return re.sub(r" \[[^]]*\]", "", reading.split("; ")[0])
+
     for row in composed.filter(pl.col("share") == 1.0).iter_rows(named=True):
-        assert row["reading"].split("; ")[0] == positive[row["claim"]].split("; ")[0], row
+        assert points(row["reading"]) == points(positive[row["claim"]]), row
     planted = beside_ours(tables)["planted"].to_list()
     # every claim but C5 (read, not asserted) and the merge collapse (negatives only, both clean)
-    assert sum(v == "planted: seen; negative: clean" for v in planted) >= len(CLAIMS) - 2
+    # (paper B's read one row per model and modality: "tiny text: planted: seen; negative: clean; tiny_vl image: ...")
+    calibrated = [v for v in planted if "planted: seen; negative: clean" in v
+                  and not re.search("missed|false alarm|spilled|not read", v)]
+    assert len(calibrated) >= len(CLAIMS) - 2, planted
     assert "planted: not built; negative ctl-c4m-s0: clean; negative ctl-c4mf-s0: clean" in planted
     # Never pooled: no control in the K sweep's, utility's or any membership view's rows.
     for name in ("utility", "mia", "forgetting", "extraction", "exposure", "privacy"):
