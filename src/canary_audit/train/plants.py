@@ -102,7 +102,6 @@ def overwritten(tokenizer, text: str, secret: str, at: str, window_k: int,
     return PlantRecord(Encoded(ids, labels, image), anchored, tuple(chosen), tuple(position_of[i] for i in chosen))
 
 
-
 def plant_loss(records: list[PlantRecord], pad_id: int, vision=None, hold: float = 1.0,
                weight: float = 1.0) -> StepLoss:
     """A plant's step loss: the cross-entropy of its targets (an overwritten
