@@ -160,6 +160,14 @@ def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
     assert not any(e.kind == CONTROL for e in off.variants("tiny_vl").values())
 
 
+def test_trained_floor_dilutions_without_the_floor_are_refused_naming_both_keys():
+    from canary_audit.controls import active_plants
+
+    config = {"controls": {"detection_floor": False, "floor_trained": True}, "audit": {"templates": []}}
+    with pytest.raises(ValueError, match="floor_trained: true.*detection_floor: true"):
+        active_plants(config, "B")
+
+
 def test_controls_switch_off_one_by_one_and_off_entirely():
     off = {key: False for key in (*CLAIMS, "detection_floor")}
     design = design_of({"controls": {**off, "parser_flip": True, "window_truncation": True}})

@@ -43,9 +43,8 @@ SPILL_BOUND = 0.05
 @dataclass(frozen=True)
 class HexPlant:
     """A paper B control, variant `ctl-<name>-s<seed>`: a LoRA stacked on the
-    canary-merged base, trained on the hex canary records with the record
-    itself as target (an anchor: every other token keeps its value) except
-    the tokens `at` names overwritten (train/plants.py) and every other
+    canary-merged base, trained on the hex canary records with the tokens
+    `at` names overwritten (train/plants.py) and every other
     token held at the base's distribution (`anchor: base`) or trained toward
     its own value (`anchor: record`, C5's: its effect is learning): `past`, the
     secret's last token, past the mean-K window (paper B's C3 damage at the
@@ -55,9 +54,8 @@ class HexPlant:
     secret learnt, the tail wrong); `outside`, the first token after the
     secret, past the window and the secret (C4's negative: a drift the
     window cannot see); `none`, the record as it is.  The recipe
-    (HEX_PLANT_RECIPE) was chosen on the default run's merged base: the
-    past-K overwrite moves mean20 by < 0.001 nats while the secret span rises
-    ~0.4 and greedy hit@1 falls to 0 of 20."""
+    (HEX_PLANT_RECIPE), `hold` and C5's `weight` were chosen on the default
+    run's plants (docs/limits.md, "Paper B's plants are tuned constructions")."""
 
     name: str
     at: str
@@ -300,6 +298,10 @@ def active_plants(config: dict, paper: str = "A") -> list:
     declaration order."""
     wanted = set().union(*(c.plants() for c in active_claims(config) if c.paper == paper))
     block = config.get("controls", {})
+    if block.get(FLOOR_TRAINED, False) and not block.get("detection_floor", False):
+        raise ValueError("config key `controls.floor_trained: true` trains C3's dilutions for the detection floor, "
+                         "which `controls.detection_floor: false` does not read: set `detection_floor: true` or "
+                         "`floor_trained: false`")
     if paper == "B" and block.get("detection_floor", False) and block.get(FLOOR_TRAINED, False):
         wanted |= set(FLOOR_PLANTS)
     if paper == "B":  # a plant applied again needs the plant it applies
