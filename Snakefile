@@ -9,17 +9,21 @@ configfile: "workflow_config.yaml"
 report: "report/workflow.rst"
 
 
-from canary_audit import warm
+from canary_audit.commands import warm
 
 
 include: "rules/common.smk"
-include: "rules/outputs.smk"
 include: "rules/data.smk"
 include: "rules/base.smk"
+include: "rules/functions/train.smk"
 include: "rules/train.smk"
+include: "rules/functions/variants.smk"
 include: "rules/variants.smk"
+include: "rules/functions/probes.smk"
 include: "rules/probes.smk"
+include: "rules/functions/tables.smk"
 include: "rules/tables.smk"
+include: "rules/functions/export.smk"
 include: "rules/export.smk"
 
 
@@ -46,7 +50,7 @@ rule all:
     input:
         expand(
             f"{R}/tables/{{name}}.{{ext}}",
-            name=DESIGN.table_names(),
+            name=TABLES,
             ext=["csv", "md"],
         ),
         expand(f"{R}/plots/{{name}}.png", name=PLOTS),

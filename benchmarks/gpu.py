@@ -5,7 +5,7 @@ real-architecture model of ~0.5B parameters built locally from a config
     python benchmarks/gpu.py                 # Qwen2.5-0.5B shape, bf16, on cuda:0; < 5 minutes on an H100/H200
     python benchmarks/gpu.py --size 7b       # Qwen2.5-7B shape (15 GB of bf16 weights)
     python benchmarks/gpu.py --size tiny     # a few-layer model on the CPU: checks the script, not the speed
-    python benchmarks/gpu.py --store src/canary_audit/throughput.json   # the table `canary_audit plan` reads
+    python benchmarks/gpu.py --store src/canary_audit/design/throughput.json   # the table `canary_audit plan` reads
 
 Prints, for each workload, tokens per second and the model FLOP utilisation
 (MFU = achieved model FLOPs / the device's peak dense bf16 FLOPs, `--peak-tflops`):
@@ -112,7 +112,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--train-steps", type=int, default=20)
     p.add_argument("--store", help="write the measured MFUs and decode step time here "
-                   "(src/canary_audit/throughput.json)")
+                   "(src/canary_audit/design/throughput.json)")
     args = p.parse_args()
 
     import torch

@@ -2,7 +2,8 @@
 files: the table `python -m canary_audit status` estimates a rule with no
 finished job from (scaled to the machine by the jobs that did finish).
 
-    python benchmarks/job_seconds.py --results results --wall 526.1 --cores 2 --out src/canary_audit/job_seconds.json
+    python benchmarks/job_seconds.py --results results --wall 526.1 --cores 2 \
+        --out src/canary_audit/commands/job_seconds.json
 
 `--wall` is the run's wall time (benchmarks/end_to_end.py prints it): the
 table's `efficiency`, job seconds over wall seconds and cores, is the share

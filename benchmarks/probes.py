@@ -49,14 +49,14 @@ def main() -> int:
 
     import torch
 
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.design.slices import resolved_settings
-    from canary_audit.formats import ChatFormat
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import decode_items, scored_items
     from canary_audit.probes.passes import generate_greedy
     from canary_audit.probes.scoring import score_tokens
-    from canary_audit.tables import build_tables, concat_records
+    from canary_audit.report.table_files import build_tables, concat_records
 
     torch.set_num_threads(args.threads)
     results = Path(args.results)

@@ -10,9 +10,9 @@ rule embedded_base:
         model=directory(LAYOUT.base_dir("{model}")),
         summary=f"{R}/models/{{model}}/base.json",
     log:
-        f"{R}/logs/{{model}}/embedded_base.log",
+        logs("{model}/embedded_base"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/embedded_base.tsv"
+        benchmarks("{model}/embedded_base")
     wildcard_constraints:
         model="|".join(DESIGN.embedded_models()) or "^$",
     conda:
@@ -21,19 +21,17 @@ rule embedded_base:
     resources:
         **job_resources("base"),
     params:
-        cfg=lambda w: canonical(
-            {
-                **{
-                    k: config["models"][w.model]["build"][k]
-                    for k in ("seed", "tokenizer", "architecture", "pretrain")
-                },
-                "head_tokens": config["data"]["head_tokens"],
-            }
-        ),
+        cfg=config_slice("embedded_base"),
         data=data_dir,
     shell:
-        "python -m canary_audit embedded_base --params {params.cfg:q} --data {params.data} "
-        "--out {output.model} --summary {output.summary} --threads {threads} > {log} 2>&1"
+        command(
+            "embedded_base",
+            "--params {params.cfg:q}",
+            "--data {params.data}",
+            "--out {output.model}",
+            "--summary {output.summary}",
+            "--threads {threads}",
+        )
 
 
 rule embedded_vision_base:
@@ -43,9 +41,9 @@ rule embedded_vision_base:
         model=directory(LAYOUT.base_dir("{model}")),
         summary=f"{R}/models/{{model}}/base.json",
     log:
-        f"{R}/logs/{{model}}/embedded_vision_base.log",
+        logs("{model}/embedded_vision_base"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/embedded_vision_base.tsv"
+        benchmarks("{model}/embedded_vision_base")
     wildcard_constraints:
         model="|".join(DESIGN.embedded_models(vision=True)) or "^$",
     conda:
@@ -53,12 +51,12 @@ rule embedded_vision_base:
     resources:
         **job_resources("light"),
     params:
-        cfg=lambda w: canonical(
-            {
-                k: config["models"][w.model]["build"][k]
-                for k in ("seed", "text_model", "vision_tower")
-            }
-        ),
+        cfg=config_slice("embedded_vision_base"),
     shell:
-        "python -m canary_audit embedded_vision_base --params {params.cfg:q} --text-model {input.text} "
-        "--out {output.model} --summary {output.summary} > {log} 2>&1"
+        command(
+            "embedded_vision_base",
+            "--params {params.cfg:q}",
+            "--text-model {input.text}",
+            "--out {output.model}",
+            "--summary {output.summary}",
+        )

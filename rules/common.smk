@@ -1,42 +1,26 @@
-# Config validation, wildcard constraints, and the helpers every stage uses.
-# Each rule receives, as params, exactly the config slice it depends on, in
-# canonical (sorted-key) JSON: Snakemake's params trigger then re-runs what a
-# change touches and nothing else.
+# Config validation, the design, wildcard constraints, resources, and the
+# helpers every rule file uses.  Each rule receives, as params, exactly the
+# config slice it depends on, from the design (`config_slice`), in canonical
+# (sorted-key) JSON: Snakemake's params trigger then re-runs what a change
+# touches and nothing else.  A rule's own input functions sit beside it.
 
-import shlex
 from pathlib import Path
 
 import yaml
 
 from snakemake.utils import validate
 
-from canary_audit.data.secrets import FORMAT_FILE, OWN_TABLES, image_files
-from canary_audit.data.io import (
-    AUTHOR_NONMEMBER_KEYS,
-    AUTHOR_NONMEMBERS,
-    DATA_TABLES,
-    IMAGE_NONMEMBER_KEYS,
-    POPULATION_KEYS,
-    POPULATION_TABLES,
-    VISION_KEYS,
-    synthetic_settings,
-)
-from canary_audit.design import (
-    AUTHOR_SETS,
-    BSFT_SOURCES,
-    HEX,
-    ConfigError,
-    Design,
-)
-from canary_audit.formats import TEMPLATES
-from canary_audit.gpus import MODEL_KINDS, detected_gpu_mem_mb, job_gpu_mem_mb
-from canary_audit.layers import replace_registries
-from canary_audit.records import canonical_json as canonical
-from canary_audit.preflight import PreflightRefused, check_local_models
-from canary_audit.plots import PLOTS
-from canary_audit.probes.units import unit_config
+from canary_audit.core.config_merge import replace_registries
+from canary_audit.core.gpus import MODEL_KINDS, detected_gpu_mem_mb, job_gpu_mem_mb
+from canary_audit.core.records import canonical_json as canonical
+from canary_audit.data.chat_format import TEMPLATES
+from canary_audit.data.io import AUTHOR_NONMEMBERS, DATA_TABLES, POPULATION_TABLES
+from canary_audit.data.secrets import FORMAT_FILE, OWN_TABLES
+from canary_audit.design import ConfigError, Design
+from canary_audit.design.config_files import SCHEMA
+from canary_audit.design.preflight import PreflightRefused, check_local_models
 
-# A user's file replaces a registry block whole (canary_audit/layers.py).
+# A user's file replaces a registry block whole (canary_audit/core/config_merge.py).
 replace_registries(
     config,
     [
@@ -44,16 +28,13 @@ replace_registries(
         for f in workflow.overwrite_configfiles or []
     ],
 )
-validate(config, "../src/canary_audit/config.schema.yaml")
+validate(config, str(SCHEMA))
 
 R = config["results"]
 # Digests of weight files, one per content (provenance.file_digest): a
 # manifest and every probe pass of a variant read them instead of hashing
 # a 7B base again.
 WEIGHT_CACHE = f"{R}/cache/weight_digests"
-# Job grain (workflow_config.yaml, `grain`): fine = one unlearning job per K
-# and one probe job per (variant, probe unit).
-FINE = config["grain"] == "fine"
 ENV = "../envs/canary-audit.yaml"
 
 
@@ -67,6 +48,9 @@ try:
 except (ConfigError, PreflightRefused) as err:
     fail(str(err))
 LAYOUT = DESIGN.layout
+# Job grain (workflow_config.yaml, `grain`): fine = one unlearning job per K
+# and one probe job per (variant, probe unit).
+FINE = DESIGN.fine
 
 
 wildcard_constraints:
@@ -82,7 +66,7 @@ wildcard_constraints:
 
 
 # The first GPU's memory, the total that model jobs' `gpu_mem_mb` share
-# (canary_audit/gpus.py; 0 without a GPU: nothing is asked or provided).
+# (canary_audit/core/gpus.py; 0 without a GPU: nothing is asked or provided).
 GPU_MEM_MB = detected_gpu_mem_mb()
 if GPU_MEM_MB:
     workflow.register_resource("gpu_mem_mb", GPU_MEM_MB)
@@ -102,6 +86,43 @@ def job_resources(kind):
                 job_gpu_mem_mb(DESIGN.weights_bytes(w.model), kind), GPU_MEM_MB
             )
     return resources
+
+
+def design(method, *args):
+    """Ask the design; its errors stop the run with their message."""
+    try:
+        return method(*args)
+    except ConfigError as err:
+        fail(str(err))
+
+
+def config_slice(rule):
+    """The params of `rule`'s jobs: the config slice the design gives it
+    (design/rule_slices.py), as canonical JSON."""
+    return lambda w: canonical(design(DESIGN.rule_slice, rule, dict(w.items())))
+
+
+# Where a job's log and benchmark go (one name each: the benchmark file is
+# named `<rule>-<wildcards>`, which benchmarks/end_to_end.py reads).
+def logs(name):
+    return f"{R}/logs/{name}.log"
+
+
+def benchmarks(name):
+    return f"{R}/benchmarks/{name}.tsv"
+
+
+# The arguments every model job passes: its model entry, its slice, its data.
+MODEL_JOB = (
+    "--model {params.model:q}",
+    "--params {params.cfg:q}",
+    "--data {params.data}",
+)
+
+
+def command(name, *args):
+    """A rule's shell line: its sub-command with `args`, logged."""
+    return " ".join(("python -m canary_audit", name, *args)) + " > {log} 2>&1"
 
 
 def data_dir(wildcards, input):
@@ -124,33 +145,8 @@ def own_secret_files(model):
     return [f"{folder}/{t}.parquet" for t in OWN_TABLES] + [f"{folder}/{FORMAT_FILE}"]
 
 
-def probe_data(wildcards):
-    """The data a probe pass reads: a model's own secrets, or the synthetic
-    data (its folder is the `--data` of the pass)."""
-    if DESIGN.own_secrets(wildcards.model):
-        return own_secret_files(wildcards.model)
-    return data_files()
-
-
-def scored_populations(wildcards):
-    """The reference populations a teacher-forced job scores: the hex ones
-    where its group runs the hex probes (with the image non-members on a
-    vision-language model), the non-member authors where it runs the author
-    probes; none apart for a model's own secrets (their folder holds their
-    non-members and candidates)."""
-    if DESIGN.own_secrets(wildcards.model):
-        return []
-    sets = probe_sets(wildcards)
-    hex_ = population_files() if sets != AUTHOR_SETS else []
-    images = [VISION_NONMEMBERS] if hex_ and DESIGN.is_vision(wildcards.model) else []
-    authors = [AUTHOR_NONMEMBER_FILE] if sets != HEX else []
-    return hex_ + images + authors
-
-
 # The non-member authors (rule author_nonmembers).
 AUTHOR_NONMEMBER_FILE = data_files(AUTHOR_NONMEMBERS)[0]
-
-
 # Images of the vision-language arms, written by the vision_data rule, read
 # by every job of a vision-language model that trains or probes.
 VISION_DATA = f"{R}/data/vision"
@@ -178,68 +174,5 @@ def model_json(wildcards, path=None, merge_dtype=None):
     return canonical({**entry, "merge_dtype": merge_dtype} if merge_dtype else entry)
 
 
-def design(method, *args):
-    """Ask the design; its errors stop the run with their message."""
-    try:
-        return method(*args)
-    except ConfigError as err:
-        fail(str(err))
-
-
 def variant_entry(wildcards):
     return design(DESIGN.variant, wildcards.model, wildcards.variant)
-
-
-def import_check(wildcards):
-    """An imported variant's manifest job checks its weights against its base."""
-    check = DESIGN.import_check(wildcards.model, wildcards.variant)
-    return f"--import-check {shlex.quote(canonical(check))}" if check else ""
-
-
-def variant_inputs(wildcards):
-    return DESIGN.made_weights(wildcards.model, [wildcards.variant])
-
-
-def group_variants(wildcards):
-    return design(DESIGN.group, wildcards.model, wildcards.group)
-
-
-def probe_sets(wildcards):
-    """The probe sets of a probe job: its group's (Design.probe_sets_of)."""
-    group = variant_entry(wildcards).group if FINE else wildcards.group
-    return DESIGN.probe_sets_of(wildcards.model, group)
-
-
-def probe_names(wildcards):
-    """The variants a probe job scores: its group's, or its own."""
-    if FINE:
-        return [variant_entry(wildcards).name]
-    return group_variants(wildcards)
-
-
-def probe_manifests(wildcards):
-    return [LAYOUT.manifest(wildcards.model, v) for v in probe_names(wildcards)]
-
-
-def probe_weights(wildcards):
-    """The adapters and DAG-made base weights (merged bases) a probe job reads."""
-    return DESIGN.made_weights(wildcards.model, probe_names(wildcards))
-
-
-def probe_params(kind):
-    """A probe job's settings: those its group's probe units read
-    (Design.probe_slice: a hex-sampling setting or a prefill text only where
-    records read it), or under the fine grain its unit's alone (a new
-    prefill arm changes no other unit's params)."""
-
-    def slice_(wildcards):
-        if FINE:
-            try:
-                return canonical(unit_config(DESIGN.probe_slice(kind), wildcards.unit))
-            except ValueError as err:
-                fail(str(err))
-        return canonical(
-            DESIGN.probe_slice(kind, probe_sets(wildcards), wildcards.group)
-        )
-
-    return slice_

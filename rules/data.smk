@@ -6,18 +6,18 @@ rule synthetic_data:
     output:
         data_files(),
     log:
-        f"{R}/logs/synthetic_data.log",
+        logs("synthetic_data"),
     benchmark:
-        f"{R}/benchmarks/synthetic_data.tsv"
+        benchmarks("synthetic_data")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical(synthetic_settings(config["data"])),
+        cfg=config_slice("synthetic_data"),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "python -m canary_audit synthetic_data --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+        command("synthetic_data", "--params {params.cfg:q}", "--out {params.out}")
 
 
 # The hex canaries' reference populations: non-member records (membership
@@ -29,19 +29,23 @@ rule populations:
     output:
         population_files(),
     log:
-        f"{R}/logs/populations.log",
+        logs("populations"),
     benchmark:
-        f"{R}/benchmarks/populations.tsv"
+        benchmarks("populations")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in POPULATION_KEYS}),
+        cfg=config_slice("populations"),
         data=data_dir,
     shell:
-        "python -m canary_audit populations --params {params.cfg:q} --data {params.data} "
-        "--out {params.data} > {log} 2>&1"
+        command(
+            "populations",
+            "--params {params.cfg:q}",
+            "--data {params.data}",
+            "--out {params.data}",
+        )
 
 
 # Image canaries, their decoys, the placeholder image and the GUI screens of
@@ -52,19 +56,23 @@ rule vision_data:
     output:
         directory(VISION_DATA),
     log:
-        f"{R}/logs/vision_data.log",
+        logs("vision_data"),
     benchmark:
-        f"{R}/benchmarks/vision_data.tsv"
+        benchmarks("vision_data")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in VISION_KEYS}),
+        cfg=config_slice("vision_data"),
         data=data_dir,
     shell:
-        "python -m canary_audit vision_data --params {params.cfg:q} --data {params.data} "
-        "--out {output} > {log} 2>&1"
+        command(
+            "vision_data",
+            "--params {params.cfg:q}",
+            "--data {params.data}",
+            "--out {output}",
+        )
 
 
 # Non-member image canaries (fresh cards, fresh secrets) for membership
@@ -77,19 +85,23 @@ rule vision_nonmembers:
     output:
         directory(VISION_NONMEMBERS),
     log:
-        f"{R}/logs/vision_nonmembers.log",
+        logs("vision_nonmembers"),
     benchmark:
-        f"{R}/benchmarks/vision_nonmembers.tsv"
+        benchmarks("vision_nonmembers")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in IMAGE_NONMEMBER_KEYS}),
+        cfg=config_slice("vision_nonmembers"),
         data=data_dir,
     shell:
-        "python -m canary_audit vision_nonmembers --params {params.cfg:q} --data {params.data} "
-        "--out {output} > {log} 2>&1"
+        command(
+            "vision_nonmembers",
+            "--params {params.cfg:q}",
+            "--data {params.data}",
+            "--out {output}",
+        )
 
 
 # Non-member authors (fictional authors drawn like the forget set, trained on
@@ -101,19 +113,23 @@ rule author_nonmembers:
     output:
         AUTHOR_NONMEMBER_FILE,
     log:
-        f"{R}/logs/author_nonmembers.log",
+        logs("author_nonmembers"),
     benchmark:
-        f"{R}/benchmarks/author_nonmembers.tsv"
+        benchmarks("author_nonmembers")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({k: config["data"][k] for k in AUTHOR_NONMEMBER_KEYS}),
+        cfg=config_slice("author_nonmembers"),
         data=data_dir,
     shell:
-        "python -m canary_audit author_nonmembers --params {params.cfg:q} --data {params.data} "
-        "--out {params.data} > {log} 2>&1"
+        command(
+            "author_nonmembers",
+            "--params {params.cfg:q}",
+            "--data {params.data}",
+            "--out {params.data}",
+        )
 
 
 # A researcher's own secrets (models.<model>.secrets): their members,
@@ -125,21 +141,15 @@ rule own_secrets:
     output:
         own_secret_files("{model}"),
     log:
-        f"{R}/logs/{{model}}/own_secrets.log",
+        logs("{model}/own_secrets"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/own_secrets.tsv"
+        benchmarks("{model}/own_secrets")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=lambda w: canonical(
-            {
-                "model": w.model,
-                "secrets": DESIGN.own_secrets(w.model),
-                "vision": DESIGN.is_vision(w.model),
-            }
-        ),
+        cfg=config_slice("own_secrets"),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "python -m canary_audit own_secrets --params {params.cfg:q} --out {params.out} > {log} 2>&1"
+        command("own_secrets", "--params {params.cfg:q}", "--out {params.out}")

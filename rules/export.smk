@@ -13,15 +13,14 @@ rule export:
     output:
         directory(f"{R}/export/{{model}}/s{{seed}}"),
     log:
-        f"{R}/logs/{{model}}/export-s{{seed}}.log",
+        logs("{model}/export-s{seed}"),
     conda:
         ENV
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(export_sources(w)),
+        cfg=config_slice("export"),
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit export --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} > {log} 2>&1"
+        command("export", *MODEL_JOB, "--out {output}")

@@ -1,6 +1,10 @@
 # Tables: views over records only.  A change under `tables:` re-runs this
 # rule and no model job.
 
+from canary_audit.report.plots import PLOTS
+
+TABLES = DESIGN.table_names()
+
 
 rule tables:
     input:
@@ -14,47 +18,34 @@ rule tables:
                 category="Tables",
                 labels={"table": name},
             )
-            for name in DESIGN.table_names()
+            for name in TABLES
         ],
-        expand(f"{R}/tables/{{name}}.md", name=DESIGN.table_names()),
+        expand(f"{R}/tables/{{name}}.md", name=TABLES),
         f"{R}/tables/view_config.json",
     log:
-        f"{R}/logs/tables.log",
+        logs("tables"),
     benchmark:
-        f"{R}/benchmarks/tables.tsv"
+        benchmarks("tables")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical(
-            {
-                **config["tables"],
-                "tables": DESIGN.table_names(),
-                "parents": DESIGN.parents(),
-                "references": DESIGN.references(),
-                "strata": DESIGN.strata(),
-                "cells": DESIGN.cells(),
-                "merge_precision": DESIGN.merge_precisions(),
-                "secret_formats": DESIGN.secret_formats(),
-                "variants": DESIGN.variant_table(),
-                "controls": DESIGN.control_claims(),
-                "floor_plants": DESIGN.floor_plants(),
-                "composed_floors": DESIGN.composed_floors(),
-                "n_hex_canaries": config["data"]["n_hex_canaries"],
-                "think_open": DESIGN.think_opens(),
-                "expected_hashes": DESIGN.probe_hashes(),
-            }
-        ),
+        cfg=config_slice("tables"),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "python -m canary_audit tables --params {params.cfg:q} --decode {input.decode} "
-        "--tokens {input.tokens} --out {params.out} > {log} 2>&1"
+        command(
+            "tables",
+            "--params {params.cfg:q}",
+            "--decode {input.decode}",
+            "--tokens {input.tokens}",
+            "--out {params.out}",
+        )
 
 
 rule plots:
     input:
-        tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
+        tables=table_files(),
         tokens=DESIGN.records_files("token", FINE),
     output:
         [
@@ -67,52 +58,54 @@ rule plots:
             for name in PLOTS
         ],
     log:
-        f"{R}/logs/plots.log",
+        logs("plots"),
     benchmark:
-        f"{R}/benchmarks/plots.tsv"
+        benchmarks("plots")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical(
-            {
-                "window_k": config["tables"]["window_k"],
-                "mia": config["tables"]["mia"],
-                "tables": DESIGN.table_names(),
-                "parents": DESIGN.parents(),
-                "variants": DESIGN.variant_table(),
-            }
-        ),
+        cfg=config_slice("plots"),
         tables=lambda w, input: str(Path(input.tables[0]).parent),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        "python -m canary_audit plots --params {params.cfg:q} --tables {params.tables} "
-        "--tokens {input.tokens} --out {params.out} > {log} 2>&1"
+        command(
+            "plots",
+            "--params {params.cfg:q}",
+            "--tables {params.tables}",
+            "--tokens {input.tokens}",
+            "--out {params.out}",
+        )
 
 
 # The config's own claims judged over the finished tables (no model job):
 # changing a claim re-runs this rule and the page, nothing else.
 rule claims:
     input:
-        tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
+        tables=table_files(),
         view=f"{R}/tables/view_config.json",
     output:
         csv=f"{R}/claims.csv",
         md=f"{R}/claims.md",
     log:
-        f"{R}/logs/claims.log",
+        logs("claims"),
     benchmark:
-        f"{R}/benchmarks/claims.tsv"
+        benchmarks("claims")
     conda:
         ENV
     resources:
         **job_resources("light"),
     params:
-        cfg=canonical({"claims": DESIGN.config["claims"]}),
+        cfg=config_slice("claims"),
         results=lambda w, input: str(Path(input.view).parent.parent),
     shell:
-        "python -m canary_audit claims --params {params.cfg:q} --results {params.results} --out {output.csv} > {log} 2>&1"
+        command(
+            "claims",
+            "--params {params.cfg:q}",
+            "--results {params.results}",
+            "--out {output.csv}",
+        )
 
 
 # The run's own results page (the papers' numbers, the config's claims, the
@@ -120,15 +113,15 @@ rule claims:
 # the default run.
 rule summary:
     input:
-        tables=expand(f"{R}/tables/{{name}}.csv", name=DESIGN.table_names()),
+        tables=table_files(),
         view=f"{R}/tables/view_config.json",
         claims=[f"{R}/claims.csv"] if DESIGN.config["claims"] else [],
     output:
         f"{R}/summary.md",
     log:
-        f"{R}/logs/summary.log",
+        logs("summary"),
     benchmark:
-        f"{R}/benchmarks/summary.tsv"
+        benchmarks("summary")
     conda:
         ENV
     resources:
@@ -139,4 +132,6 @@ rule summary:
             f"--claims-table {input.claims[0]}" if input.claims else ""
         ),
     shell:
-        "python -m canary_audit summary --tables {params.tables} --out {output} {params.claims} > {log} 2>&1"
+        command(
+            "summary", "--tables {params.tables}", "--out {output}", "{params.claims}"
+        )

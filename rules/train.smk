@@ -3,6 +3,11 @@
 # (paper B), and unlearning.  The K sweep and the bSFT training lengths are
 # checkpoints of one run each.
 
+from canary_audit.design import BSFT_SOURCES
+
+# A training job's shell arguments: the model job's, then its output.
+TRAIN_JOB = (*MODEL_JOB, "--out {output}", "--threads {threads}")
+
 
 rule memorize:
     input:
@@ -11,9 +16,9 @@ rule memorize:
     output:
         directory(LAYOUT.adapter_dir("{model}", "mem-{template}-s{seed}")),
     log:
-        f"{R}/logs/{{model}}/memorize-{{template}}-s{{seed}}.log",
+        logs("{model}/memorize-{template}-s{seed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/memorize-{{template}}-s{{seed}}.tsv"
+        benchmarks("{model}/memorize-{template}-s{seed}")
     # Memorization and unlearning lead the longest chain of jobs: start them
     # before the side branches (hex canary, base probes) that can fill gaps.
     priority: 1
@@ -23,23 +28,16 @@ rule memorize:
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(
-            {
-                **config["memorize"],
-                "template": w.template,
-                "seed": int(w.seed),
-                "head_tokens": config["data"]["head_tokens"],
-            }
-        ),
+        cfg=config_slice("memorize"),
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit memorize --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+        command("memorize", *TRAIN_JOB)
 
 
-# Planted controls (canary_audit/controls.py): the memorization recipe on a
-# control template, or on its retain examples alone (a retain-only plant).
+# Planted controls (canary_audit/data/planted_controls.py): the memorization
+# recipe on a control template, or on its retain examples alone (a
+# retain-only plant).
 rule control_lora:
     input:
         data_files("authors", "qa", "retain"),
@@ -47,26 +45,25 @@ rule control_lora:
     output:
         directory(LAYOUT.adapter_dir("{model}", "ctl-{plant}-s{seed}")),
     log:
-        f"{R}/logs/{{model}}/control-{{plant}}-s{{seed}}.log",
+        logs("{model}/control-{plant}-s{seed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/control_lora-{{plant}}-s{{seed}}.tsv"
+        benchmarks("{model}/control_lora-{plant}-s{seed}")
     conda:
         ENV
     threads: config["threads"]["train"]
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(DESIGN.plant_slice(w.plant, int(w.seed))),
+        cfg=config_slice("control_lora"),
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit control_lora --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+        command("control_lora", *TRAIN_JOB)
 
 
-# Paper B's planted controls (canary_audit/controls.py, HexPlant): a LoRA on
-# the canary-merged base trained on the hex records with one secret token
-# each overwritten, past or inside the mean-K window.
+# Paper B's planted controls (canary_audit/data/planted_controls.py,
+# HexPlant): a LoRA on the canary-merged base trained on the hex records with
+# one secret token each overwritten, past or inside the mean-K window.
 rule control_hex_lora:
     input:
         data_files("hex_canaries"),
@@ -75,9 +72,9 @@ rule control_hex_lora:
     output:
         directory(LAYOUT.adapter_dir("{model}", "ctl-{hexplant}-s{seed}")),
     log:
-        f"{R}/logs/{{model}}/control-{{hexplant}}-s{{seed}}.log",
+        logs("{model}/control-{hexplant}-s{seed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/control_hex_lora-{{hexplant}}-s{{seed}}.tsv"
+        benchmarks("{model}/control_hex_lora-{hexplant}-s{seed}")
     wildcard_constraints:
         hexplant="|".join(DESIGN.trained_hex_plants()) or "no_plant",
     conda:
@@ -86,14 +83,11 @@ rule control_hex_lora:
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(
-            DESIGN.hex_plant_slice(w.model, w.hexplant, int(w.seed))
-        ),
+        cfg=config_slice("control_hex_lora"),
         model=lambda w, input: model_json(w, input.merged),
         data=data_dir,
     shell:
-        "python -m canary_audit control_hex_lora --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+        command("control_hex_lora", *TRAIN_JOB)
 
 
 rule canary_lora:
@@ -104,21 +98,20 @@ rule canary_lora:
     output:
         canary_outputs(),
     log:
-        f"{R}/logs/{{model}}/canary-s{{seed}}.log",
+        logs("{model}/canary-s{seed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/canary_lora-s{{seed}}.tsv"
+        benchmarks("{model}/canary_lora-s{seed}")
     conda:
         ENV
     threads: config["threads"]["train"]
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(DESIGN.canary_slice(int(w.seed))),
+        cfg=config_slice("canary_lora"),
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit canary_lora --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+        command("canary_lora", *TRAIN_JOB)
 
 
 rule reference_lora:
@@ -128,21 +121,20 @@ rule reference_lora:
     output:
         directory(LAYOUT.adapter_dir("{model}", "reference-s{seed}")),
     log:
-        f"{R}/logs/{{model}}/reference-s{{seed}}.log",
+        logs("{model}/reference-s{seed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/reference_lora-s{{seed}}.tsv"
+        benchmarks("{model}/reference_lora-s{seed}")
     conda:
         ENV
     threads: config["threads"]["train"]
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical({**config["canary_lora"], "seed": int(w.seed)}),
+        cfg=config_slice("reference_lora"),
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit reference_lora --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+        command("reference_lora", *TRAIN_JOB)
 
 
 # The memorization LoRA's never-trained reference (its recipe on the retain
@@ -155,23 +147,20 @@ rule author_reference_lora:
     output:
         directory(LAYOUT.adapter_dir("{model}", "reference-{template}-s{seed}")),
     log:
-        f"{R}/logs/{{model}}/reference-{{template}}-s{{seed}}.log",
+        logs("{model}/reference-{template}-s{seed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/author_reference_lora-{{template}}-s{{seed}}.tsv"
+        benchmarks("{model}/author_reference_lora-{template}-s{seed}")
     conda:
         ENV
     threads: config["threads"]["train"]
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(
-            {**config["memorize"], "template": w.template, "seed": int(w.seed)}
-        ),
+        cfg=config_slice("author_reference_lora"),
         model=model_json,
         data=data_dir,
     shell:
-        "python -m canary_audit author_reference_lora --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {output} --threads {threads} > {log} 2>&1"
+        command("author_reference_lora", *TRAIN_JOB)
 
 
 rule bsft:
@@ -182,9 +171,9 @@ rule bsft:
     output:
         bsft_outputs(),
     log:
-        f"{R}/logs/{{model}}/bsft-{{canary}}-{{source}}-b{{bseed}}.log",
+        logs("{model}/bsft-{canary}-{source}-b{bseed}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/bsft-{{canary}}-{{source}}-b{{bseed}}.tsv"
+        benchmarks("{model}/bsft-{canary}-{source}-b{bseed}")
     wildcard_constraints:
         canary=r"canary-s\d+(-under)?",
         source="|".join(BSFT_SOURCES),
@@ -195,13 +184,12 @@ rule bsft:
     resources:
         **job_resources("train"),
     params:
-        cfg=lambda w: canonical(DESIGN.bsft_slice(w.source, int(w.bseed))),
+        cfg=config_slice("bsft"),
         model=lambda w, input: model_json(w, input.merged),
         data=data_dir,
         outs=lambda w, output: " ".join(f"{Path(o).name}={o}" for o in output),
     shell:
-        "python -m canary_audit bsft --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --out {params.outs} --threads {threads} > {log} 2>&1"
+        command("bsft", *MODEL_JOB, "--out {params.outs}", "--threads {threads}")
 
 
 rule unlearn:
@@ -213,9 +201,9 @@ rule unlearn:
     output:
         unlearn_outputs(),
     log:
-        f"{R}/logs/{{model}}/unlearn-{unlearn_name()}.log",
+        logs(f"{{model}}/unlearn-{unlearn_name()}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/unlearn-{unlearn_name()}.tsv"
+        benchmarks(f"{{model}}/unlearn-{unlearn_name()}")
     priority: 1
     conda:
         ENV
@@ -223,18 +211,21 @@ rule unlearn:
     resources:
         **job_resources("train"),
     params:
-        cfg=unlearn_params,
+        cfg=config_slice("unlearn"),
         model=model_json,
         data=data_dir,
         outs=lambda w, output: (
             f"{w.k}={output[0]} --state-out {output[1]}"
             if FINE
-            else " ".join(
-                f"{k}={path}" for k, path in zip(config["unlearn"]["k"], output)
-            )
+            else " ".join(f"{k}={path}" for k, path in zip(unlearn_ks(), output))
         ),
         state_in=lambda w, input: f"--state-in {input.state}" if input.state else "",
     shell:
-        "python -m canary_audit unlearn --model {params.model:q} --params {params.cfg:q} "
-        "--data {params.data} --adapter {input.memorized} --out {params.outs} {params.state_in} "
-        "--threads {threads} > {log} 2>&1"
+        command(
+            "unlearn",
+            *MODEL_JOB,
+            "--adapter {input.memorized}",
+            "--out {params.outs}",
+            "{params.state_in}",
+            "--threads {threads}",
+        )

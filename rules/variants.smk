@@ -11,9 +11,9 @@ rule variant_manifest:
     output:
         LAYOUT.manifest("{model}", "{variant}"),
     log:
-        f"{R}/logs/{{model}}/variant-{{variant}}.log",
+        logs("{model}/variant-{variant}"),
     benchmark:
-        f"{R}/benchmarks/{{model}}/variant_manifest-{{variant}}.tsv"
+        benchmarks("{model}/variant_manifest-{variant}")
     conda:
         ENV
     resources:
@@ -24,10 +24,18 @@ rule variant_manifest:
         ),
         adapters=lambda w: " ".join(variant_entry(w).adapters),
         apply=lambda w: variant_entry(w).apply,
-        fields=lambda w: canonical(variant_entry(w).fields()),
+        fields=config_slice("variant_manifest"),
         check=import_check,
         cache=WEIGHT_CACHE,
     shell:
-        "python -m canary_audit variant_manifest --model {params.model:q} --variant {wildcards.variant} "
-        "--adapters {params.adapters} --apply {params.apply} --params {params.fields:q} "
-        "{params.check} --weight-cache {params.cache} --out {output} > {log} 2>&1"
+        command(
+            "variant_manifest",
+            "--model {params.model:q}",
+            "--variant {wildcards.variant}",
+            "--adapters {params.adapters}",
+            "--apply {params.apply}",
+            "--params {params.fields:q}",
+            "{params.check}",
+            "--weight-cache {params.cache}",
+            "--out {output}",
+        )

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = yaml.safe_load((ROOT / "src" / "canary_audit" / "config.schema.yaml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "src" / "canary_audit" / "design/config.schema.yaml").read_text())
 TOP_KEYS = set(SCHEMA["properties"])
 # Top-level folders whose paths the docs name; `results/` is what a run writes.
 TREES = ("src", "docs", "configs", "tests", "benchmarks", "rules", "profiles", "envs", "report", ".ci")
@@ -79,7 +79,7 @@ def key_exists(path: list[str], node: dict | None = None) -> bool:
 def _yaml_keys(value, prefix: list[str]) -> Iterator[list[str]]:
     if isinstance(value, dict):
         for k, v in value.items():
-            k = "on" if k is True else str(k)  # YAML 1.1's `on:` (canary_audit.layers.unquoted_keys)
+            k = "on" if k is True else str(k)  # YAML 1.1's `on:` (canary_audit.core.config_merge.unquoted_keys)
             yield [*prefix, k]
             yield from _yaml_keys(v, [*prefix, k])
 
@@ -149,7 +149,7 @@ def _commands(text: str) -> Iterator[str]:
 def command_problems(name: str, text: str) -> Iterator[str]:
     from snakemake.cli import get_argument_parser
 
-    from canary_audit.cli import build_parser
+    from canary_audit.commands.cli import build_parser
 
     for line in set(_commands(text)):
         try:

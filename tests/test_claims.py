@@ -15,22 +15,18 @@ import polars as pl
 import pytest
 import yaml
 
-from canary_audit.claims.judge import (
+from canary_audit.verdicts.claims import ClaimError, check_selectors, fields_of, paper_claims, parse
+from canary_audit.verdicts.judge import (
     FAILS,
     FLOOR,
     HOLDS,
     SEEDS,
     UNMEASURABLE,
-    ClaimError,
     beside_ours,
-    check_selectors,
     claims_table,
-    fields_of,
-    paper_claims,
-    parse,
 )
-from canary_audit.claims.measures import MEASURES
-from canary_audit.readings import Run
+from canary_audit.verdicts.measures import MEASURES
+from canary_audit.verdicts.readings import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "tests" / "data" / "default_1c6ecfc"  # the default run's tables on 1c6ecfc (its papers' page beside)
@@ -205,7 +201,7 @@ def test_the_readmes_claims_are_the_shipped_example_and_parse():
 
 
 def test_the_summary_page_shows_the_runs_claims(tmp_path):
-    from canary_audit.summary import write_summary
+    from canary_audit.report.summary import write_summary
 
     table = claims_table(Run(DEFAULT), parse(yaml.safe_load((ROOT / "configs" / "claims.yaml").read_text())))
     table.write_csv(tmp_path / "claims.csv")
@@ -220,7 +216,7 @@ def test_every_selector_key_is_a_field_the_designs_variants_carry():
     renamed there fails here instead of matching nothing."""
     from test_design import design_of
 
-    from canary_audit.claims.judge import SELECTOR_KEYS
+    from canary_audit.verdicts.claims import SELECTOR_KEYS
 
     design = design_of({})
     fields = fields_of(design.variant_table(), design.cells())

@@ -13,7 +13,8 @@ import polars as pl
 import pytest
 from test_design import design_of
 
-from canary_audit.controls import (
+from canary_audit.data.chat_format import HEAD, NEAR, NOTAG, ChatFormat, author_examples
+from canary_audit.data.planted_controls import (
     CLAIMS,
     CONTROL,
     CONTROL_ARMS,
@@ -25,9 +26,7 @@ from canary_audit.controls import (
     SPILL_BOUND,
 )
 from canary_audit.design import ConfigError
-from canary_audit.formats import HEAD, NEAR, NOTAG, ChatFormat, author_examples
-from canary_audit.readings import Run
-from canary_audit.views.controls import (
+from canary_audit.verdicts.controls import (
     CLEAN,
     FALSE_ALARM,
     MISSED,
@@ -37,6 +36,7 @@ from canary_audit.views.controls import (
     controls_table,
     spill_over,
 )
+from canary_audit.verdicts.readings import Run
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
     assert {design.variants("tiny_vl")[v].group for v in plants} == {CONTROL_HEX_GROUP}
     assert design.cells()["tiny_vl/ctl-c5-s0"]["kind"] == CONTROL
     assert not any(name.startswith("tiny_vl/") for name in design.floor_plants())
-    from canary_audit.controls import hex_plant_recipe
+    from canary_audit.data.planted_controls import hex_plant_recipe
 
     data = design.config["data"]
     assert design.hex_plant_records("tiny_vl") == data["n_hex_canaries"] + data["n_image_canaries"]
@@ -161,7 +161,7 @@ def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
 
 
 def test_trained_floor_dilutions_without_the_floor_are_refused_naming_both_keys():
-    from canary_audit.controls import active_plants
+    from canary_audit.data.planted_controls import active_plants
 
     config = {"controls": {"detection_floor": False, "floor_trained": True}, "audit": {"templates": []}}
     with pytest.raises(ValueError, match="floor_trained: true.*detection_floor: true"):
@@ -295,7 +295,7 @@ def test_spill_over_is_the_trace_tokens_move_against_the_twin_between_the_tags()
 
 
 def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
-    from canary_audit.papers import planted
+    from canary_audit.verdicts.papers import planted
 
     table = controls_table(_run(planted=True), ALL, {})
     run = Run(None, {}, {"controls": table})
@@ -317,7 +317,7 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     `missed`: test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm."""
     from conftest import ROOT, run_snakemake
 
-    from canary_audit.claims.judge import beside_ours
+    from canary_audit.verdicts.judge import beside_ours
 
     run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "planted.yaml",))
     tables = tmp_path / "results" / "planted" / "tables"
@@ -375,7 +375,7 @@ def test_a_paper_b_plant_overwrites_only_its_tokens_and_holds_the_rest(fmt, tiny
     """Anchored on the record every text token is a target, its own but the
     overwritten ones'; anchored on the base the overwritten tokens are the
     only targets and every other text token is held (KL to the base)."""
-    from canary_audit.probes.items import hex_rows
+    from canary_audit.probes.kinds.hex import hex_rows
     from canary_audit.train.plants import overwritten
 
     row = hex_rows(tiny_assets[0], None, members_only=True)[0]
@@ -413,7 +413,7 @@ def test_the_base_anchor_is_zero_at_the_start_and_pulls_only_through_an_overwrit
 
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
-    from canary_audit.probes.items import hex_rows
+    from canary_audit.probes.kinds.hex import hex_rows
     from canary_audit.train.lora import lora_config
     from canary_audit.train.plants import overwritten, plant_loss
 
@@ -434,7 +434,7 @@ def test_the_base_anchor_is_zero_at_the_start_and_pulls_only_through_an_overwrit
 
 
 def test_a_plant_whose_secret_does_not_straddle_the_window_is_refused(fmt, tiny_assets):
-    from canary_audit.probes.items import hex_rows
+    from canary_audit.probes.kinds.hex import hex_rows
     from canary_audit.train.plants import overwritten
 
     row = hex_rows(tiny_assets[0], None, members_only=True)[0]
@@ -443,8 +443,8 @@ def test_a_plant_whose_secret_does_not_straddle_the_window_is_refused(fmt, tiny_
 
 
 def test_the_detection_floor_is_the_smallest_diluted_share_the_detector_reads():
-    from canary_audit.papers import floor_note
-    from canary_audit.views.controls import detection_floor
+    from canary_audit.verdicts.controls import detection_floor
+    from canary_audit.verdicts.papers import floor_note
 
     read = {1: "inconclusive", 3: "inconclusive", 10: "window truncation", 20: "window truncation"}
     plants = {f"tiny/ctl-c3x{n}-s0" if n < 20 else "tiny/ctl-c3-s0": n for n in read}
@@ -467,9 +467,9 @@ def test_the_detection_floor_is_the_smallest_diluted_share_the_detector_reads():
 
 def test_a_floor_is_where_every_larger_dilution_is_read_and_a_claim_of_a_size_compares_with_its_effect():
     """A dilution read below an unread one is a fluke, not the floor; C4's
-    floor is in Delta mean-K (claims/paper_b.yaml's effect_size)."""
-    from canary_audit.papers import floor_note
-    from canary_audit.views.controls import detection_floor
+    floor is in Delta mean-K (verdicts/paper_b.yaml's effect_size)."""
+    from canary_audit.verdicts.controls import detection_floor
+    from canary_audit.verdicts.papers import floor_note
 
     diagnosis = {1: "non-secret span drift", 2: "agree", 5: "non-secret span drift", 20: "non-secret span drift"}
     plans = {f"tiny/ctl-c4-s0~x{n}": {"model": "tiny", "claim": "span_drift", "plant": "tiny/ctl-c4-s0",
@@ -499,7 +499,7 @@ def test_a_floor_is_where_every_larger_dilution_is_read_and_a_claim_of_a_size_co
 
 
 def test_a_composed_dilution_holds_the_plants_records_of_its_first_canaries_and_the_twins_of_the_rest():
-    from canary_audit.views.controls import compose_dilutions
+    from canary_audit.verdicts.controls import compose_dilutions
 
     ids = [f"hex{i:02d}" for i in range(5)] + ["cand0"]
     rows = [{"variant": v, "probe_set": "hex" if i.startswith("hex") else "candidate", "item_id": i, "logprob": lp}
@@ -517,7 +517,7 @@ def test_a_composed_dilution_holds_the_plants_records_of_its_first_canaries_and_
 def test_the_floor_fit_is_a_power_law_in_n_and_gives_the_canaries_an_effect_needs():
     """c * n**p through floors at 20 and 80 canaries (exact at both); the n
     an effect needs is the smallest whose fitted floor reaches it."""
-    from canary_audit.floors import at, fit, needed
+    from canary_audit.verdicts.floors import at, fit, needed
 
     points = [{"canaries": 20, "floor_share": 0.2}, {"canaries": 80, "floor_share": 0.1}]
     got = fit(points, "floor_share")
@@ -529,7 +529,7 @@ def test_the_floor_fit_is_a_power_law_in_n_and_gives_the_canaries_an_effect_need
 
 
 def test_the_stored_floors_name_every_paper_claim_with_a_floor_and_plan_prints_them(tmp_path):
-    """floors.json (the package's, where stored) holds one row per paper
+    """verdicts/floors.json (the package's, where stored) holds one row per paper
     claim whose measure has a floor, and `plan` prints each with the n its
     effect needs."""
     import subprocess
@@ -537,7 +537,7 @@ def test_the_stored_floors_name_every_paper_claim_with_a_floor_and_plan_prints_t
 
     from conftest import ROOT
 
-    from canary_audit.floors import FLOORS_FILE, load, paper_effects, render
+    from canary_audit.verdicts.floors import FLOORS_FILE, load, paper_effects, render
 
     assert set(paper_effects()) == {"window_truncation", "span_drift", "undertrained"}
     data = load()
@@ -557,7 +557,7 @@ def test_the_stored_floors_name_every_paper_claim_with_a_floor_and_plan_prints_t
 def test_the_plant_recipe_keeps_its_steps_up_to_20_canaries_and_each_canarys_draws_past_them():
     """configs/floor80.yaml's plants draw each canary as often as the
     default's; the default and the smoke-scale tests train the recipe as declared."""
-    from canary_audit.controls import HEX_PLANT_RECIPE, hex_plant_recipe
+    from canary_audit.data.planted_controls import HEX_PLANT_RECIPE, hex_plant_recipe
 
     assert [hex_plant_recipe(n)["steps"] for n in (4, 20, 40, 80)] == [150, 150, 300, 600]
     assert {k: v for k, v in hex_plant_recipe(80).items() if k != "steps"} == {
@@ -568,8 +568,8 @@ def test_a_negative_that_cannot_be_read_is_not_clean_and_a_collapse_needs_conclu
     """A negative whose cell is absent reads `not read`, not `clean`; the
     merge collapse reads only where the stacked cell drifts conclusively and
     the merged one is conclusive either way."""
-    from canary_audit.readings import collapsed
-    from canary_audit.views.controls import NOT_READ
+    from canary_audit.verdicts.controls import NOT_READ
+    from canary_audit.verdicts.readings import collapsed
 
     run = _run(planted=True)
     matrix = run.frames["bsft_matrix"].filter(pl.col("cell") != "control c4neg")
@@ -584,13 +584,13 @@ def test_a_negative_that_cannot_be_read_is_not_clean_and_a_collapse_needs_conclu
 
 
 def test_the_docs_floor_table_is_the_stored_floors():
-    """docs/measures.md's "How the floor scales" quotes floors.json: each
+    """docs/measures.md's "How the floor scales" quotes verdicts/floors.json: each
     claim's exponent and the canaries its paper effect needs."""
     import re
 
     from conftest import ROOT
 
-    from canary_audit.floors import load
+    from canary_audit.verdicts.floors import load
 
     text = (ROOT / "docs" / "measures.md").read_text()
     stored = {row["claim"]: row for row in load()["claims"]}

@@ -10,13 +10,13 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from canary_audit.core.config_merge import merge
+from canary_audit.data.chat_format import TEMPLATES
 from canary_audit.design import BSFT_SOURCES, ConfigError, Design
 from canary_audit.design.slices import resolved_settings
-from canary_audit.formats import TEMPLATES
-from canary_audit.layers import merge
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
-SCHEMA = yaml.safe_load((ROOT / "src" / "canary_audit" / "config.schema.yaml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "src" / "canary_audit" / "design/config.schema.yaml").read_text())
 DEFAULT = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())
 SMOKE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
@@ -32,7 +32,7 @@ def config_of(*overrides: dict) -> dict:
     from snakemake.utils import validate
 
     config = layered(DEFAULT, SMOKE, *overrides)
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     return config
 
 
@@ -189,7 +189,11 @@ def test_registries_and_schema_enumerations_agree():
     assert bsft["sources"]["items"]["enum"] == list(BSFT_SOURCES)
     audit = SCHEMA["properties"]["audit"]["properties"]
     assert audit["templates"]["items"]["enum"] == list(TEMPLATES)
-    from canary_audit.controls import CLAIMS, FLOOR_TRAINED, ON_VISION  # a control's switch: one per claim, the floor's
+    from canary_audit.data.planted_controls import (  # a control's switch: one per claim, the floor's
+        CLAIMS,
+        FLOOR_TRAINED,
+        ON_VISION,
+    )
     controls = SCHEMA["properties"]["controls"]
     switches = [*CLAIMS, "detection_floor", FLOOR_TRAINED, ON_VISION]
     assert list(controls["properties"]) == controls["required"] == switches
@@ -244,7 +248,7 @@ def test_a_deleted_default_is_an_error_not_another_value():
     config = layered(DEFAULT)
     del config["memorize"]["steps"]
     with pytest.raises(WorkflowError, match="'steps' is a required property"):
-        validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+        validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
 
 
 def test_every_rule_runs_the_sub_command_named_after_it():
@@ -255,12 +259,12 @@ def test_every_rule_runs_the_sub_command_named_after_it():
     or command fails here, not silently in the warm start or a benchmark."""
     import re
 
-    from canary_audit.cli import COMMANDS
-    from canary_audit.jobs import MODEL_JOBS
-    from canary_audit.warm import MODEL_COMMANDS
+    from canary_audit.commands.cli import COMMANDS
+    from canary_audit.commands.warm import MODEL_COMMANDS
+    from canary_audit.core.jobs import MODEL_JOBS
 
     text = "\n".join(p.read_text() for p in sorted((ROOT / "rules").glob("*.smk")))
-    runs = dict(re.findall(r"^rule (\w+):.*?python -m canary_audit (\w+)", text, re.S | re.M))
+    runs = dict(re.findall(r'^rule (\w+):.*?command\(\s*"(\w+)"', text, re.S | re.M))
     assert all(rule == command for rule, command in runs.items()), runs
     assert set(COMMANDS) == set(runs) | {"status", "plan", "floors"}
     assert set(MODEL_JOBS) <= set(runs) and MODEL_COMMANDS == set(MODEL_JOBS)
@@ -304,11 +308,11 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     import polars as pl
     from test_paper_b import CELLS, PARENTS, decodes, tokens
 
-    from canary_audit.plots import PLOTS, RECORD_PLOTS, TABLE_FIGURES
+    from canary_audit.core.records import DECODE_SCHEMA, PROBE_SETS, TOKEN_SCHEMA
     from canary_audit.probes.kinds import probe_kinds
-    from canary_audit.records import DECODE_SCHEMA, PROBE_SETS, TOKEN_SCHEMA
-    from canary_audit.tables import build_tables
-    from canary_audit.views.catalog import registry
+    from canary_audit.report.catalog import registry
+    from canary_audit.report.plots import PLOTS, RECORD_PLOTS, TABLE_FIGURES
+    from canary_audit.report.table_files import build_tables
 
     names = [t.name for t in registry()]
     built = build_tables(pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 0), schema=DECODE_SCHEMA),
@@ -322,7 +326,7 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     assert len(record_sets) == len(set(record_sets)) and {s for v in PROBE_SETS.values() for s in v} <= set(
         record_sets)
     sets = {*record_sets, *(k.name for k in probe_kinds())}
-    registries = {"views/catalog.py", "views/table.py", "records.py"}
+    registries = {"report/catalog.py", "views/table.py", "core/records.py"}
     declared = []
     for path in (ROOT / "src" / "canary_audit").rglob("*.py"):
         rel = path.relative_to(ROOT / "src" / "canary_audit").as_posix()
@@ -330,7 +334,7 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
             continue
         for node in ast.parse(path.read_text()).body:  # module-level declarations
             value = getattr(node, "value", None)
-            if rel == "plots.py" and "TABLE_FIGURES" in ast.unparse(node):
+            if rel == "report/plots.py" and "TABLE_FIGURES" in ast.unparse(node):
                 continue  # plot names (some equal their table's), held to the registry above
             if isinstance(value, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
                 strings = {e.value for e in ast.walk(value) if isinstance(e, ast.Constant)
@@ -347,11 +351,11 @@ def test_a_pass_reads_only_the_populations_it_scores(tiny_assets, tmp_path):
     them."""
     import shutil
 
-    from canary_audit.formats import ChatFormat
+    from canary_audit.core.records import PROBE_SETS
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.model.loading import load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import scored_items
-    from canary_audit.records import PROBE_SETS
 
     data = tmp_path / "data"
     shutil.copytree(tiny_assets[0], data, ignore=shutil.ignore_patterns("hex_nonmembers*", "hex_candidates*"))
@@ -366,13 +370,13 @@ def test_a_pass_reads_only_the_populations_it_scores(tiny_assets, tmp_path):
 
 
 def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl_assets):
-    from canary_audit.formats import ChatFormat
+    from canary_audit.core.records import PROBE_SETS
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.model.loading import load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.model.vision import VisionInputs
     from canary_audit.probes.items import decode_items, scored_items
     from canary_audit.probes.kinds import probe_kinds
-    from canary_audit.records import PROBE_SETS
 
     fmt = ChatFormat(load_tokenizer(ModelSpec("tiny", tiny_assets[1])), "<think>", "</think>")
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "kinds": resolved_settings({})}
@@ -393,7 +397,7 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
 def test_templates_of_one_retain_form_share_their_retain_data(tiny_assets):
     """The reason one never-trained reference serves BIO and META: their
     retain examples are the same sequences (and NONE's are not)."""
-    from canary_audit.formats import retain_form
+    from canary_audit.data.chat_format import retain_form
     from canary_audit.train.adapters import retain_examples
 
     data = {t: retain_examples(tiny_assets[0], t) for t in TEMPLATES}
@@ -409,7 +413,7 @@ def test_the_chat_format_imports_no_model_code():
     import subprocess
     import sys
 
-    probe = ("import sys, canary_audit.formats; "
+    probe = ("import sys, canary_audit.data.chat_format; "
              "print(sorted(m for m in sys.modules if m.startswith('canary_audit.model')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "src")}).stdout
@@ -459,7 +463,7 @@ def test_the_readmes_own_model_example_plans_what_it_shows():
     config = layered(DEFAULT, paper_a, example)
     from snakemake.utils import validate
 
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     design = Design(config)
     assert sorted(design.unlearn_runs) == ["npo", "rmu"]
     assert config["audit"]["models"] == ["my_r1"] and config["unlearn"]["k"] == [100, 400, 800, 1600]
@@ -475,7 +479,7 @@ def test_documented_counts_are_the_designs():
     config = layered(DEFAULT)
     from snakemake.utils import validate
 
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     default = Design(config)
     models = config["audit"]["models"]
     variants = sum(len(default.variants(m)) for m in models)
@@ -489,7 +493,7 @@ def test_documented_counts_are_the_designs():
     assert f"default audit has {coarse} probe jobs coarse and {fine} fine" in reference
     assert f"its {fine} probe jobs" in (ROOT / "docs" / "limits.md").read_text()
     paper_b = layered(DEFAULT, yaml.safe_load((ROOT / "configs" / "paper_b.yaml").read_text()))
-    validate(paper_b, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(paper_b, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     manifests = sum(len(Design(paper_b).variants(m)) for m in paper_b["audit"]["models"])
     assert f"{manifests} manifest" in reference
 
@@ -502,7 +506,7 @@ def test_the_reference_vision_language_example_plans_paper_bs_arms():
     config = layered(DEFAULT, yaml.safe_load(block))
     from snakemake.utils import validate
 
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     design = Design(config)
     kinds = {v.kind for v in design.variants("qwen25vl_7b").values()}
     assert "memorized" not in kinds and {"canary", "bsft"} <= kinds
@@ -517,10 +521,10 @@ def test_the_readme_stays_short_and_points_only_at_pages_that_exist():
 
 def test_the_readmes_short_result_is_the_one_docs_results_md_gives():
     """Every figure of the README's short result is the one docs/results.md
-    lists from its run (rendered from canary_audit/readme_result.md): a
+    lists from its run (rendered from canary_audit/verdicts/readme_result.md): a
     regenerated results page fails this test until `summary --readme`
     rewrites the README."""
-    from canary_audit.headline import figures_from_markdown, readme_block, render
+    from canary_audit.verdicts.headline import figures_from_markdown, readme_block, render
 
     figures = figures_from_markdown((ROOT / "docs" / "results.md").read_text())
     assert readme_block((ROOT / "README.md").read_text()) == render(figures), (
@@ -569,7 +573,7 @@ def test_an_unquoted_on_key_of_an_import_is_read_as_on():
     """YAML 1.1 reads `on: base` as {True: "base"}; the README's and
     docs/imports.md's import examples write it unquoted, so the layering
     gives the key back its name before the schema sees it."""
-    from canary_audit.layers import merge
+    from canary_audit.core.config_merge import merge
 
     user = yaml.safe_load("models:\n  tiny:\n    imports:\n      x: {path: /p, parent: mem-bio-s0, as: unlearned, "
                           "on: base}\n")
@@ -581,7 +585,9 @@ def test_the_design_and_the_registries_import_no_execution_module():
     """The design, the probe registry and the table registry are read at
     every parse and by the tables job: none of their modules imports a
     module that runs a model (passes, engine, scoring, loading, training),
-    at the top or inside a function."""
+    at the top or inside a function.  The preflight (design/preflight.py)
+    is the one reader that loads a tokenizer, on purpose, and only for a
+    local checkpoint: it is not in this list."""
     import ast
 
     execution = ("canary_audit.probes.passes", "canary_audit.probes.engine", "canary_audit.probes.scoring",
@@ -589,8 +595,9 @@ def test_the_design_and_the_registries_import_no_execution_module():
                  "canary_audit.train.adapters", "canary_audit.train.lora", "canary_audit.train.plants", "torch",
                  "transformers", "peft")
     pkg = ROOT / "src" / "canary_audit"
-    pure = [*(pkg / "design").glob("*.py"), *(pkg / "probes" / "kinds").glob("*.py"), *(pkg / "views").glob("*.py"),
-            pkg / "probes" / "units.py", pkg / "probes" / "items.py", pkg / "tables.py"]
+    pure = [*(p for p in (pkg / "design").glob("*.py") if p.name != "preflight.py"),
+            *(pkg / "probes" / "kinds").glob("*.py"), *(pkg / "views").glob("*.py"),
+            pkg / "probes" / "units.py", pkg / "probes" / "items.py", pkg / "report/table_files.py"]
     found = []
     for path in pure:
         for node in ast.walk(ast.parse(path.read_text())):

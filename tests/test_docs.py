@@ -10,12 +10,12 @@ import yaml
 from docs_check import ROOT, message_problems, problems
 from snakemake.utils import validate
 
+from canary_audit.core.config_merge import merge
 from canary_audit.design import Design
-from canary_audit.layers import merge
-from canary_audit.views.catalog import registry
+from canary_audit.report.catalog import registry
 from canary_audit.views.seeds import family_of
 
-SCHEMA = ROOT / "src" / "canary_audit" / "config.schema.yaml"
+SCHEMA = ROOT / "src" / "canary_audit" / "design/config.schema.yaml"
 DOCS = {p.relative_to(ROOT).as_posix(): p.read_text()
         for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 
@@ -47,9 +47,9 @@ def written_columns(smoke_run) -> dict[str, set[str]]:
     of both record kinds and of a researcher's secrets file."""
     import polars as pl
 
-    from canary_audit.claims.judge import beside_ours
+    from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
     from canary_audit.data.secrets import COLUMNS
-    from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+    from canary_audit.verdicts.judge import beside_ours
 
     tables = smoke_run / "results" / "smoke" / "tables"
     columns = {p.stem: set(pl.read_csv(p, n_rows=0).columns) for p in tables.glob("*.csv") if p.stat().st_size}

@@ -53,7 +53,7 @@ def compare(model, tok, prompts, reference, images=None, vision=None, **kw) -> t
 def test_continuous_batching_equals_one_prompt_at_a_time_on_the_text_model(tiny_assets):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.probes.items import decode_items
 
     data, path = tiny_assets

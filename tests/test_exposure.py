@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from canary_audit.records import TOKEN_SCHEMA
+from canary_audit.core.records import TOKEN_SCHEMA
 from canary_audit.views.exposure import SPACE_BITS, exposure_table, extrapolated, interpolated, item_exposures
 
 

@@ -99,7 +99,7 @@ def test_imported_records_equal_a_plain_forward_of_those_weights(imported_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.probes.items import scored_items
 
     workdir, _ = imported_run

@@ -12,8 +12,8 @@ import pytest
 from safetensors.numpy import save_file
 from test_design import design_of
 
+from canary_audit.core.imported_weights import ImportRefused, check_fits, resolve
 from canary_audit.design import AUTHOR_SETS, HEX, ConfigError
-from canary_audit.imports import ImportRefused, check_fits, resolve
 
 Q = "model.layers.0.self_attn.q_proj"
 

@@ -14,7 +14,7 @@ LENGTHS = [1, 2, 4, 8, 1000]  # 1000: capped at the whole record before the secr
 
 
 def _fmt(tiny_assets):
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.model.loading import load_tokenizer
     from canary_audit.model.spec import ModelSpec
 
@@ -22,7 +22,8 @@ def _fmt(tiny_assets):
 
 
 def test_items_are_the_tokens_right_before_each_secret(tiny_assets):
-    from canary_audit.probes.items import decode_items, hex_rows
+    from canary_audit.probes.items import decode_items
+    from canary_audit.probes.kinds.hex import hex_rows
 
     fmt = _fmt(tiny_assets)
     tok = fmt.tokenizer
@@ -80,7 +81,7 @@ def test_a_hex_pass_writes_the_records_in_the_hex_unit_and_the_tables_read_them(
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.passes import decode_pass
     from canary_audit.probes.units import unit_hashes
-    from canary_audit.tables import build_tables
+    from canary_audit.report.table_files import build_tables
 
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "engine": "continuous", "max_new_tokens": 30,
            "hex_max_new_tokens": 20, "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0,

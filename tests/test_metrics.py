@@ -4,8 +4,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
-from canary_audit.tables import build_tables, to_markdown
+from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
+from canary_audit.report.table_files import build_tables, to_markdown
 from canary_audit.views.metrics import hex_recall, nll_table, per_item_nll
 from canary_audit.views.paper_a import Bootstrap, canary_leakage, utility
 from canary_audit.views.parser import ParserConvention
@@ -143,7 +143,7 @@ def test_markdown_shows_a_tiny_nonzero_value_not_a_zero():
 def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
     import json
 
-    from canary_audit.summary import write_summary
+    from canary_audit.report.summary import write_summary
 
     tables = tmp_path / "tables"
     tables.mkdir()
@@ -162,7 +162,7 @@ def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
     assert "Figures the README quotes" not in page
     readme = tmp_path / "README.md"
     readme.write_text("untouched\n")
-    from canary_audit.headline import NoHeadline
+    from canary_audit.verdicts.headline import NoHeadline
 
     with pytest.raises(NoHeadline, match=r"--readme .*README.md: .*tiny/canary-s0.*drop --readme"):
         write_summary(tables, tmp_path / "results.md", readme)

@@ -7,15 +7,15 @@ import pytest
 import torch
 from conftest import assert_token_records_close
 
+from canary_audit.core.records import unit_of_arm_expr
+from canary_audit.data.chat_format import ChatFormat
 from canary_audit.design.slices import resolved_settings
-from canary_audit.formats import ChatFormat
 from canary_audit.model.loading import ModelLoadError, fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.items import scored_items
 from canary_audit.probes.passes import decode_pass, generate_greedy, teacher_forced_pass
 from canary_audit.probes.scoring import score_tokens, span_labels, token_fields
 from canary_audit.probes.units import unit_config
-from canary_audit.records import unit_of_arm_expr
 
 
 @pytest.fixture(scope="module")

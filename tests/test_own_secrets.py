@@ -274,7 +274,7 @@ def test_the_documented_secrets_example_plans_what_it_shows(tmp_path, doc):
     for name, imp in entry["imports"].items():
         imp["path"] = str(adapter_folder(tmp_path / name))
     config = layered(DEFAULT, example)
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     design = Design(config)
     assert config["audit"]["models"] == ["my_model"]
     variants = design.variants("my_model")
@@ -338,7 +338,7 @@ def test_own_records_start_as_the_tokenizer_encodes_a_text_by_itself(tiny_assets
     from tokenizers.processors import TemplateProcessing
     from transformers import AutoTokenizer
 
-    from canary_audit.formats import encoding_start
+    from canary_audit.data.chat_format import encoding_start
 
     tok = AutoTokenizer.from_pretrained(tiny_assets[1])
     assert encoding_start(tok) == ""

@@ -42,8 +42,9 @@ def test_a_non_editable_install_plans_a_config(installed, tmp_path):
     where = subprocess.run([sys.executable, "-c", "import canary_audit; print(canary_audit.__file__)"], cwd=tmp_path,
                            env=env, capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(installed))
-    for name in ("config.schema.yaml", "throughput.json", "claims/paper_a.yaml", "claims/paper_b.yaml",
-                 "readme_result.md", "job_seconds.json"):
+    for name in ("design/config.schema.yaml", "design/throughput.json", "verdicts/paper_a.yaml",
+                 "verdicts/paper_b.yaml", "verdicts/readme_result.md", "commands/job_seconds.json",
+                 "verdicts/floors.json"):
         assert (installed / "canary_audit" / name).is_file(), name
     proc = run(installed, tmp_path, "plan", "--configfile", str(ROOT / "workflow_config.yaml"),
                str(ROOT / "configs" / "smoke.yaml"), "--out", str(tmp_path / "plan.json"))

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
+from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
 from canary_audit.views import paper_a
 from canary_audit.views.bootstrap import cluster_weights, crossed_weights, rates_with_ci
 from canary_audit.views.parser import ParserConvention

@@ -10,10 +10,11 @@ log-prob -1; a cell changes chosen positions.
 import polars as pl
 import pytest
 
-from canary_audit.records import DECODE_SCHEMA, TOKEN_SCHEMA
-from canary_audit.tables import build_tables
+from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
+from canary_audit.report.table_files import build_tables
 from canary_audit.views.paper_a import Bootstrap
-from canary_audit.views.paper_b import Verdicts, case_studies, cell_probes, merged_vs_stacked, with_verdicts
+from canary_audit.views.paper_b import Verdicts, cell_probes, with_verdicts
+from canary_audit.views.paper_b_tables import case_studies, merged_vs_stacked
 
 K = 20
 CANARIES = ["hex00", "hex01", "hex02", "hex03"]

@@ -1,5 +1,5 @@
 """The papers' numbers beside a run's: every claim of the shipped claim
-files (claims/paper_a.yaml, paper_b.yaml) names a registered measure, and the
+files (verdicts/paper_a.yaml, paper_b.yaml) names a registered measure, and the
 judge reads each one's table into the right verdict (hand-built
 tables: an effect on the paper's side, one whose CI covers 0, and a run
 without the cases a measure needs)."""
@@ -11,8 +11,9 @@ import json
 import polars as pl
 import pytest
 
-from canary_audit.claims.judge import beside_ours, paper_claims
-from canary_audit.papers import (
+from canary_audit.verdicts.claims import paper_claims
+from canary_audit.verdicts.judge import beside_ours
+from canary_audit.verdicts.papers import (
     NOT_MEASURABLE,
     NOT_REPRODUCED,
     ONE_SEED,

@@ -13,8 +13,8 @@ import pytest
 from conftest import ROOT
 from test_design import design_of
 
+from canary_audit.design.plan import Shape, job_counts, load_throughput, model_shape, pass_sequences, plan, render
 from canary_audit.design.slices import resolved_settings
-from canary_audit.plan import Shape, job_counts, load_throughput, model_shape, pass_sequences, plan, render
 
 TINY_DATA = {"n_authors": 4, "n_retain": 8, "n_hex_canaries": 3, "n_hex_nonmembers": 4, "n_exposure_candidates": 5,
              "n_author_nonmembers": 3}
@@ -23,8 +23,8 @@ TINY_DATA = {"n_authors": 4, "n_retain": 8, "n_hex_canaries": 3, "n_hex_nonmembe
 def test_the_plans_sequences_are_the_items_the_passes_build(tiny_assets):
     from transformers import AutoTokenizer
 
-    from canary_audit.formats import ChatFormat
-    from canary_audit.plan import further_decodes
+    from canary_audit.data.chat_format import ChatFormat
+    from canary_audit.design.plan import further_decodes
     from canary_audit.probes.items import decode_items, scored_items
     from canary_audit.probes.kinds import kind_of_set
 
@@ -88,17 +88,17 @@ def test_the_plan_command_prints_in_seconds():
 ])
 def test_the_documented_plans_are_the_plans_of_the_paper_configs(layer, shapes):
     """docs/performance.md's plan tables are what `plan` prints today for the
-    paper configs with benchmarks/shapes/ and src/canary_audit/throughput.json:
+    paper configs with benchmarks/shapes/ and src/canary_audit/design/throughput.json:
     a change to the design, the estimate or the table fails here, not in a
     reader's hands."""
     import yaml
     from snakemake.utils import validate
 
+    from canary_audit.core.config_merge import merge
     from canary_audit.design import Design
-    from canary_audit.layers import merge
 
     config = merge(*(yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", layer)))
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     design = Design(config)
     found = {m: model_shape(design, m, {m: ROOT / "benchmarks" / "shapes" / f}) for m, f in shapes.items()}
     speed = load_throughput()

@@ -1,4 +1,4 @@
-"""The workflow's checks of local files (preflight.py): a local checkpoint's
+"""The workflow's checks of local files (design/preflight.py): a local checkpoint's
 tokenizer check runs once per content, not at every parse, and a check that
 fails is not remembered."""
 
@@ -9,7 +9,7 @@ import shutil
 import pytest
 from test_design import design_of
 
-from canary_audit import preflight
+from canary_audit.design import preflight
 
 
 def _design(model_dir, **entry):

@@ -12,13 +12,14 @@ import shutil
 import polars as pl
 import pytest
 
-from canary_audit import cli, provenance
+from canary_audit.commands import cli
+from canary_audit.core import provenance
+from canary_audit.core.provenance import code_version, file_digest
+from canary_audit.core.records import DECODE_SCHEMA
 from canary_audit.design.slices import resolved_settings
 from canary_audit.model.loading import ModelLoadError, fingerprint
 from canary_audit.model.spec import ModelSpec
-from canary_audit.provenance import code_version, file_digest
-from canary_audit.records import DECODE_SCHEMA
-from canary_audit.tables import records_provenance
+from canary_audit.report.table_files import records_provenance
 
 
 def test_code_version_names_the_sources_and_the_commit():

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from conftest import ROOT
 
-from canary_audit.status import parse, report
+from canary_audit.commands.status import parse, report
 
 LOG = """Provided cores: 2
 Job stats:
@@ -52,7 +52,7 @@ def test_status_names_running_jobs_their_progress_and_the_time_left(tmp_path, mo
     run = parse(tmp_path / ".snakemake" / "log" / "2026-12-01T100000.snakemake.log")
     assert run.planned == {"memorize": 3, "decode_pass": 2, "all": 1} and run.cores == 2 and run.steps == (1, 6)
     assert {j.rule for j in run.jobs.values() if j.finished is None} == {"memorize"}
-    monkeypatch.setattr("canary_audit.status.TYPICAL", tmp_path / "none.json")  # no typical durations here
+    monkeypatch.setattr("canary_audit.commands.status.TYPICAL", tmp_path / "none.json")  # no typical durations here
     page = report(tmp_path, now=datetime(2026, 12, 1, 10, 2, 0))
     assert "1 of 6 jobs done, 120 s since the run started" in page
     assert "running memorize model=tiny, template=meta, seed=0 (120 s): step 240/300 loss 0.41" in page
@@ -64,7 +64,7 @@ def test_status_names_running_jobs_their_progress_and_the_time_left(tmp_path, mo
     # decode job is taken at 60 s: (80 + 2 x 60) / 2 cores = 100 s, 60 of it from typical durations.
     typical = tmp_path / "typical.json"
     typical.write_text('{"rules": {"memorize": 50, "decode_pass": 30}, "efficiency": 1.0}')
-    monkeypatch.setattr("canary_audit.status.TYPICAL", typical)
+    monkeypatch.setattr("canary_audit.commands.status.TYPICAL", typical)
     page = report(tmp_path, now=datetime(2026, 12, 1, 10, 2, 0))
     assert "estimated time left: 100 s (60 s of it from typical durations" in page
 
@@ -81,7 +81,7 @@ def test_the_estimate_150_s_into_a_recorded_default_run_is_within_30_percent(tmp
     the time the run actually took after it."""
     from datetime import timedelta
 
-    from canary_audit.status import STAMP
+    from canary_audit.commands.status import STAMP
 
     text = (ROOT / "tests" / "data" / "default_run.log").read_text()
     run = parse(ROOT / "tests" / "data" / "default_run.log")

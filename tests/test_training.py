@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from canary_audit.formats import ChatFormat, Example
+from canary_audit.core.provenance import code_version
+from canary_audit.data.chat_format import ChatFormat, Example
 from canary_audit.model.loading import fingerprint, load_model, load_tokenizer
 from canary_audit.model.spec import ModelSpec
-from canary_audit.provenance import code_version
 from canary_audit.train import lora, resume
 from canary_audit.train.adapters import train_bsft, train_canary, train_memorization, train_unlearning
 from canary_audit.train.lora import encode_chat
@@ -356,7 +356,8 @@ def test_canary_lora_trains_on_exactly_the_sequences_the_pass_scores(tiny_assets
     (BOS, or EOS for a tokenizer without one) included once (a tokenizer
     with a BOS token would otherwise get it twice)."""
     from canary_audit.model.vision import VisionInputs
-    from canary_audit.probes.items import hex_rows, scored_items
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.kinds.hex import hex_rows
     from canary_audit.train.lora import encode_text
 
     for model_spec, vision_on in ((spec, False), (ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True), True)):
@@ -385,7 +386,7 @@ def test_the_canary_lora_inserts_each_canary_as_often_as_its_stratum_says(tiny_v
     from test_design import design_of
 
     from canary_audit.model.vision import VisionInputs
-    from canary_audit.probes.items import hex_rows
+    from canary_audit.probes.kinds.hex import hex_rows
     from canary_audit.train.adapters import inserted_times
 
     spec = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)

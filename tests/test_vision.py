@@ -16,7 +16,7 @@ from canary_audit.design.slices import resolved_settings
 
 
 def _vl(tiny_vl_assets):
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.model.vision import VisionInputs
@@ -107,9 +107,9 @@ def test_teacher_forced_records_match_a_plain_forward(tiny_vl_assets):
     and positions count text tokens from 1."""
     import torch
 
+    from canary_audit.core.special_tokens import IMAGE_PAD, VISION_TOKENS
     from canary_audit.probes.items import scored_items
     from canary_audit.probes.scoring import score_tokens
-    from canary_audit.special_tokens import IMAGE_PAD, VISION_TOKENS
 
     spec, tok, fmt, vision, model = _vl(tiny_vl_assets)
     items = scored_items(fmt, tiny_vl_assets[0], {"prefills": {}, "head_tokens": 6}, {"hex"}, vision=vision)
@@ -295,7 +295,7 @@ def test_position_one_is_the_records_first_text_token_on_every_backbone(tiny_ass
     tokenizer with a BOS token, and without one, where the record starts
     with EOS) and on the vision-language model (after the image block), and
     each record's `text` pieces join to the record's text."""
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import scored_items
@@ -331,7 +331,7 @@ def test_items_that_begin_alike_are_scored_on_one_prefix_cache(tiny_assets, tiny
     The records equal the whole-sequence pass's: the same tokens, spans and
     text, every float field within the records' tolerance (a different
     reduction order; 5e-6 measured on the default's VL bSFT group)."""
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.model.loading import load_model, load_tokenizer
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.items import scored_items
@@ -362,9 +362,10 @@ def test_a_paper_b_plant_numbers_its_overwrites_as_the_pass_scores_them(tiny_vl_
     overwrite is the secret's last scored position, C4's is position 1 (the
     preamble's, or an image canary's question's, first token), and no image
     token is ever a training target."""
-    from canary_audit.probes.items import hex_rows, scored_items
+    from canary_audit.core.special_tokens import VISION_TOKENS
+    from canary_audit.probes.items import scored_items
+    from canary_audit.probes.kinds.hex import hex_rows
     from canary_audit.probes.scoring import score_tokens
-    from canary_audit.special_tokens import VISION_TOKENS
     from canary_audit.train.plants import overwritten
 
     data = tiny_vl_assets[0]

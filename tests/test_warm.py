@@ -1,4 +1,4 @@
-"""Warm start (canary_audit.warm): a model job forked from the warm server
+"""Warm start (canary_audit.commands.warm): a model job forked from the warm server
 writes the same bytes as a fresh process, keeps its exit status and output,
 stops when its client is stopped or killed, and anything the server cannot
 serve runs in its own process."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from canary_audit import warm
+from canary_audit.commands import warm
 
 MEMORIZE = {"r": 4, "alpha": 8, "targets": ["q_proj", "v_proj"], "lr": 0.005, "steps": 3, "batch_forget": 4,
             "batch_retain": 2, "template": "bio", "seed": 0, "head_tokens": 6}
@@ -183,7 +183,7 @@ def test_nothing_imported_before_the_fork_starts_a_thread_or_imports_polars():
     locked). A new import that breaks either fails here, in a fresh
     interpreter, not as a hang in a job."""
     probe = ("import sys, pathlib\n"
-             "import canary_audit.warm as warm\n"
+             "import canary_audit.commands.warm as warm\n"
              "warm._preload()\n"
              "threads = len(list(pathlib.Path('/proc/self/task').iterdir()))\n"
              "print(threads, sorted(m for m in ('polars', 'pyarrow') if m in sys.modules))\n")
@@ -198,4 +198,4 @@ def test_nothing_imported_before_the_fork_starts_a_thread_or_imports_polars():
     entry = subprocess.run([sys.executable, "-X", "importtime", "-m", "canary_audit", "status", "--help"],
                            capture_output=True, text=True, env={k: v for k, v in os.environ.items()
                                                                 if k != warm.ENV_VAR})
-    assert "canary_audit.warm" not in entry.stderr
+    assert "canary_audit.commands.warm" not in entry.stderr

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from conftest import ROOT, assert_token_records_close, run_snakemake
 
-from canary_audit.controls import CLAIMS
-from canary_audit.jobs import MODEL_JOBS
-from canary_audit.records import HEX_ARMS
+from canary_audit.core.jobs import MODEL_JOBS
+from canary_audit.core.records import HEX_ARMS
+from canary_audit.data.planted_controls import CLAIMS
 from canary_audit.views.paper_b import DIAGNOSES, INCONCLUSIVE
 
 pytestmark = pytest.mark.workflow
@@ -26,13 +26,13 @@ def plan_jobs(override: dict | None = None, layer: str = "configs/smoke.yaml") -
     for the same layers as `planned_jobs`."""
     from snakemake.utils import validate
 
+    from canary_audit.core.config_merge import merge
     from canary_audit.design import Design
-    from canary_audit.layers import merge
-    from canary_audit.plan import job_counts
+    from canary_audit.design.plan import job_counts
 
     layers = [yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", layer)]
     config = merge(*layers, override or {})
-    validate(config, str(ROOT / "src" / "canary_audit" / "config.schema.yaml"))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design/config.schema.yaml"))
     return job_counts(Design(config))
 
 
@@ -180,8 +180,8 @@ def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
     """docs/results.md's generator: every headline section from the tables,
     numbers as the tables hold them, and the records' code version; the
     run's default target wrote the same page as results/summary.md."""
-    from canary_audit.cli import main
-    from canary_audit.provenance import code_version
+    from canary_audit.commands.cli import main
+    from canary_audit.core.provenance import code_version
 
     tables, out = smoke_run / "results" / "smoke" / "tables", tmp_path / "results.md"
     main(["summary", "--tables", str(tables), "--out", str(out)])
@@ -202,8 +202,8 @@ def test_the_readme_short_result_is_rewritten_from_the_runs_figures(smoke_run, t
     them at the end of the results page, replaces only the README's short
     result, and puts the run's own pictures where that section shows them;
     the figures quote the tables' cells."""
-    from canary_audit.cli import main
-    from canary_audit.headline import BEGIN, END, figures_from_markdown, readme_block, render
+    from canary_audit.commands.cli import main
+    from canary_audit.verdicts.headline import BEGIN, END, figures_from_markdown, readme_block, render
 
     tables, out, readme = smoke_run / "results" / "smoke" / "tables", tmp_path / "results.md", tmp_path / "README.md"
     before = (ROOT / "README.md").read_text()
@@ -327,7 +327,7 @@ def test_a_probe_setting_reruns_only_the_jobs_whose_records_read_it(smoke_run):
 
 
 def test_a_user_file_naming_its_runs_gets_only_those(smoke_run):
-    """`unlearn.runs` is a registry (canary_audit/layers.py): a file naming
+    """`unlearn.runs` is a registry (canary_audit/core/config_merge.py): a file naming
     NPO alone drops the smoke config's GA run; the memorization group, which
     scored GA's checkpoints, is re-scored without them, and nothing trains."""
     jobs = planned_jobs(smoke_run, {"unlearn": {"runs": {"npo": SMOKE_RUNS["npo"]}}})
@@ -555,7 +555,7 @@ def test_a_vision_language_only_audit_runs_to_its_end(smoke_run, tmp_path):
 
     from test_design import design_of
 
-    from canary_audit.views.catalog import registry
+    from canary_audit.report.catalog import registry
 
     workdir = tmp_path / "run"
     shutil.copytree(smoke_run, workdir, symlinks=True)
@@ -572,7 +572,7 @@ def test_a_vision_language_only_audit_runs_to_its_end(smoke_run, tmp_path):
 
 def test_model_jobs_share_a_cards_memory_and_never_overflow_it(smoke_run, tmp_path):
     """With a (faked) GPU of 1,500 MiB, each model job of the embedded model
-    asks for 1,024 (canary_audit/gpus.py): two decode passes that 2 cores
+    asks for 1,024 (canary_audit/core/gpus.py): two decode passes that 2 cores
     would run side by side run one after the other; without a GPU they
     overlap."""
     import os
@@ -580,7 +580,7 @@ def test_model_jobs_share_a_cards_memory_and_never_overflow_it(smoke_run, tmp_pa
     import subprocess
     import sys
 
-    from canary_audit.status import parse
+    from canary_audit.commands.status import parse
 
     def run(env_extra: dict) -> list:
         work = tmp_path / ("gpu" if env_extra else "cpu")

@@ -1,25 +1,22 @@
-"""The house's layers, declared once, bottom first, and the check that the
-package's imports run one way down them.
+"""The house's layers, declared once, bottom first: each layer is one folder
+of the package, so a module's path says which layer it is in and what it
+may import.
 
-A module may import modules of its own layer and of the layers below it,
-never of a layer above; and no two modules may import each other through
-any chain (within a layer too).  Every import counts: at the top of a
-module, inside a function (a lazy import is still a dependency a reader
-follows) and under `TYPE_CHECKING`.  A registry entry is a declaration that
-sits low (a probe kind in probes/kinds/, a table's type in views/table.py);
-what reads the registry sits above it (items.py's loops, the design, the
-table catalog).
+A module may import modules of its own folder and of the folders below it,
+never of a folder above; no two modules may import each other through any
+chain (within a folder too), and no two folders either (a folder's
+sub-folders, e.g. probes/kinds/, count as folders of their own there).
+Every import counts: at the top of a module, inside a function (a lazy
+import is still a dependency a reader follows) and under `TYPE_CHECKING`.
+A registry entry is a declaration that sits low (a probe kind in
+probes/kinds/, a table's type in views/table.py); what reads the registry
+sits above it (probes/items.py's loops, the design, report/catalog.py).
 
-Why this order: records (the schemas, the arms they carry, atomic writes,
-config layering) need nothing; the data and the chat formats make the
-secrets and their text; the model builds and loads weights; the views are
-functions of records alone (polars, no model), so a probe kind can declare
-its own table beside its items; the probes turn data into items and run
-passes; training reads the probes' items (plants, hex rows); the readings
-and the papers' verdicts read built tables; the table catalog collects the
-views and the kinds' tables; the design reads every declaration to plan
-jobs; the entry points run it all.  `python -m canary_audit.architecture`
-prints any import against this order.
+Only three modules sit outside the folders, named in `OUTSIDE`: the
+package's `__init__` (its version: anything may read it), this module
+(it imports nothing of the package) and `__main__` (the entry point: it
+may import anything, and nothing imports it).
+`python -m canary_audit.architecture` prints any import against this order.
 """
 
 from __future__ import annotations
@@ -31,42 +28,48 @@ from pathlib import Path
 
 PACKAGE = "canary_audit"
 
-# (layer, the modules in it).  An entry names a module and, for a package,
-# every module under it; the longest entry naming a module decides its layer.
-# The package itself (`canary_audit`, its version) names only itself.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("records", ("canary_audit", "canary_audit.architecture", "canary_audit.special_tokens", "canary_audit.records",
-                 "canary_audit.provenance", "canary_audit.layers", "canary_audit.jobs", "canary_audit.gpus",
-                 "canary_audit.imports")),
-    ("data", ("canary_audit.data", "canary_audit.formats", "canary_audit.controls")),
-    ("model", ("canary_audit.model",)),
-    ("views", ("canary_audit.views",)),
-    ("probes", ("canary_audit.probes",)),
-    ("train", ("canary_audit.train", "canary_audit.export")),
-    # views/controls.py reads the papers' readings of built tables
-    ("readings", ("canary_audit.readings", "canary_audit.papers", "canary_audit.claims", "canary_audit.headline",
-                  "canary_audit.views.controls", "canary_audit.floors")),
-    ("tables", ("canary_audit.views.catalog", "canary_audit.tables", "canary_audit.plots", "canary_audit.summary")),
-    ("design", ("canary_audit.design", "canary_audit.plan", "canary_audit.preflight")),
-    ("entry", ("canary_audit.cli", "canary_audit.__main__", "canary_audit.warm", "canary_audit.status")),
+# (folder, what it holds), bottom first.  The order is the rule: each line
+# may import the lines above it.
+LAYERS: tuple[tuple[str, str], ...] = (
+    ("core", "records' schemas and arms, atomic writes, provenance, config merging, jobs, GPUs, imported weights"),
+    ("data", "the synthetic secrets and their populations, images, the chat format, the planted controls' registry"),
+    ("model", "model entries, the embedded models, loading and fingerprints"),
+    ("views", "functions of records alone (polars, no model): metrics, CIs, the field's measures, the Table type"),
+    ("probes", "probe kinds (one module each), items, the decode and teacher-forced passes"),
+    ("train", "the training loop, adapters, unlearning methods, plants, the export"),
+    ("verdicts", "readings of built tables, claims and their judge, the papers' readings, floors, the controls"),
+    ("report", "the table catalog, writing tables, plots, the summary page"),
+    ("design", "config -> the experiment: variants, job slices, checks, the plan, the preflight"),
+    ("commands", "the command line, the warm start, status"),
 )
+
+# Modules outside the folders: "bottom" may be imported by every layer,
+# "top" may import every layer (and is imported by none).
+OUTSIDE: dict[str, str] = {PACKAGE: "bottom", f"{PACKAGE}.architecture": "bottom", f"{PACKAGE}.__main__": "top"}
 
 
 class LayerError(ValueError):
-    """A module that no layer names."""
+    """A module that sits in no layer's folder."""
 
 
-def layer_of(module: str, layers=LAYERS, package: str = PACKAGE) -> int:
-    """The index of `module`'s layer (0: the bottom)."""
-    best: tuple[int, int] | None = None
-    for index, (_, entries) in enumerate(layers):
-        for entry in entries:
-            named = module == entry or (entry != package and module.startswith(entry + "."))
-            if named and (best is None or len(entry) > best[0]):
-                best = (len(entry), index)
-    if best is None:
-        raise LayerError(f"module `{module}` is in no layer: add it to {package}.architecture.LAYERS")
-    return best[1]
+def folder_of(module: str, packages: set[str]) -> str:
+    """The folder (a package's dotted name) holding `module`: the package
+    itself for its `__init__` (`canary_audit.probes.kinds`), else its parent
+    (`canary_audit.probes` for probes/items.py)."""
+    return module if module in packages else module.rpartition(".")[0]
+
+
+def layer_of(module: str, layers=LAYERS, package: str = PACKAGE, outside=OUTSIDE) -> int:
+    """The index of `module`'s layer (0: the bottom): its first folder under
+    the package; -1 and len(layers) for the modules outside them."""
+    if module in outside:
+        return -1 if outside[module] == "bottom" else len(layers)
+    names = [name for name, _ in layers]
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != package or parts[1] not in names:
+        raise LayerError(f"module `{module}` is in no layer's folder: move it into one of "
+                         f"{', '.join(f'{package}/{n}/' for n in names)} ({package}.architecture.LAYERS)")
+    return names.index(parts[1])
 
 
 def modules(root: Path, package: str = PACKAGE) -> dict[str, Path]:
@@ -114,22 +117,43 @@ def import_graph(root: Path, package: str = PACKAGE) -> dict[str, set[str]]:
     return {name: imports_of(name, path, found, package) for name, path in found.items()}
 
 
-def upward(graph: dict[str, set[str]], layers=LAYERS, package: str = PACKAGE) -> list[str]:
+def packages(root: Path, package: str = PACKAGE) -> set[str]:
+    """The dotted names of the package's folders (each with an `__init__.py`)."""
+    return {".".join(p.parent.relative_to(root).parts) for p in (root / package).rglob("__init__.py")}
+
+
+def folder_graph(graph: dict[str, set[str]], folders: set[str], outside=OUTSIDE) -> dict[str, set[str]]:
+    """Folder -> the other folders its modules import (the modules outside
+    the folders left out: they are no folder)."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module in outside:
+            continue
+        here = folder_of(module, folders)
+        there = {folder_of(t, folders) for t in targets if t not in outside}
+        out.setdefault(here, set()).update(there - {here})
+    return out
+
+
+def upward(graph: dict[str, set[str]], layers=LAYERS, package: str = PACKAGE, outside=OUTSIDE) -> list[str]:
     """Each import of a module of a higher layer than the importer's."""
-    names = [layer for layer, _ in layers]
+
+    def named(index: int) -> str:
+        return layers[index][0] if 0 <= index < len(layers) else "outside the folders"
+
     out = []
     for module, targets in sorted(graph.items()):
-        own = layer_of(module, layers, package)
+        own = layer_of(module, layers, package, outside)
         for target in sorted(targets):
-            theirs = layer_of(target, layers, package)
+            theirs = layer_of(target, layers, package, outside)
             if theirs > own:
-                out.append(f"`{module}` ({names[own]}) imports `{target}` ({names[theirs]}), a layer above")
+                out.append(f"`{module}` ({named(own)}) imports `{target}` ({named(theirs)}), a layer above")
     return out
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every group of two or more modules that import each other through
-    some chain (the strongly connected components of the import graph)."""
+    """Every group of two or more nodes that reach each other through some
+    chain (the strongly connected components of the graph)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -164,12 +188,16 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def violations(root: Path, layers=LAYERS, package: str = PACKAGE) -> list[str]:
-    """Every upward import and every import circle of the package under `root`."""
+    """Every module outside a layer's folder (raised), every upward import,
+    every import circle between modules and every loop between folders of
+    the package under `root`."""
     graph = import_graph(root, package)
-    return [*upward(graph, layers, package), *(f"import circle: {' <-> '.join(c)}" for c in circles(graph))]
+    return [*upward(graph, layers, package),
+            *(f"import circle: {' <-> '.join(c)}" for c in circles(graph)),
+            *(f"folder loop: {' <-> '.join(c)}" for c in circles(folder_graph(graph, packages(root, package))))]
 
 
 if __name__ == "__main__":
     found = violations(Path(__file__).resolve().parents[1])
-    print("\n".join(found) or "imports run one way down the layers")
+    print("\n".join(found) or "imports run one way down the layers' folders")
     sys.exit(1 if found else 0)

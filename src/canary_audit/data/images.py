@@ -178,7 +178,7 @@ def write_vision_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int
                                                      "screen_text": pl.Utf8}),
         "placeholder": pl.DataFrame({"image": [placeholder[0]], "image_hash": [placeholder[1]]}),
     }
-    from canary_audit.records import write_parquet_atomic
+    from canary_audit.core.records import write_parquet_atomic
 
     for name, frame in tables.items():
         write_parquet_atomic(frame, out_dir / f"{name}.parquet")
@@ -222,7 +222,7 @@ def write_image_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str
         taken_secrets.add(secret)
         rows.append({"canary_id": cid, "image": f"images/{cid}.png", "image_hash": digest,
                      "preamble": IMAGE_QUESTION, "secret": secret, "text": hex_record(IMAGE_QUESTION, secret)})
-    from canary_audit.records import write_parquet_atomic
+    from canary_audit.core.records import write_parquet_atomic
 
     schema = {k: pl.Utf8 for k in ("canary_id", "image", "image_hash", "preamble", "secret", "text")}
     write_parquet_atomic(pl.DataFrame(rows, schema=schema), out_dir / "image_nonmembers.parquet")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.core.records import write_parquet_atomic
 from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
-from canary_audit.records import write_parquet_atomic
 
 # The tables the data rule writes, in the order the workflow lists them.
 DATA_TABLES = ("authors", "qa", "retain", "hex_canaries", "decoys", "bsft", "distractors", "pretrain_bsft")

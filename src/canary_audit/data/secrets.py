@@ -28,9 +28,9 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.core.records import write_parquet_atomic
 from canary_audit.data import pools
 from canary_audit.data.synthetic import CANARY_PREFIX, CANARY_SUFFIX, HEX_LEN
-from canary_audit.records import write_parquet_atomic
 
 FORMAT_FILE = "format.json"
 # The tables an own-secrets data folder holds (those of the synthetic hex

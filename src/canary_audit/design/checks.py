@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from canary_audit.claims.judge import ClaimError, check_selectors, fields_of
-from canary_audit.claims.judge import parse as parse_claims
-from canary_audit.controls import CONTROL_ARMS
+from canary_audit.data.planted_controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
 from canary_audit.design.slices import resolved_settings
 from canary_audit.model.spec import ModelSpec
-from canary_audit.probes.items import check_prefill_templates
+from canary_audit.probes.kinds.author import check_prefill_templates
+from canary_audit.verdicts.claims import ClaimError, check_selectors, fields_of
+from canary_audit.verdicts.claims import parse as parse_claims
 
 
 class Checks:

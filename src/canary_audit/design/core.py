@@ -5,6 +5,8 @@ the views read (`views`) and the cross-key checks (`checks`)."""
 
 from __future__ import annotations
 
+from canary_audit.core.imported_weights import Import
+from canary_audit.core.records import canonical_json
 from canary_audit.data.secrets import candidate_count, declared_format
 from canary_audit.design.checks import Checks
 from canary_audit.design.imported import Imported
@@ -15,15 +17,14 @@ from canary_audit.design.layout import (
     UnlearnRun,
     Variant,
 )
+from canary_audit.design.rule_slices import RuleSlices
 from canary_audit.design.slices import Slices
 from canary_audit.design.variants import Variants
-from canary_audit.design.views import Views
-from canary_audit.imports import Import
-from canary_audit.records import canonical_json
+from canary_audit.design.view_inputs import Views
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS
 
 
-class Design(Variants, Imported, Slices, Views, Checks):
+class Design(Variants, Imported, Slices, RuleSlices, Views, Checks):
     """The experiment of one validated config (`results` and model paths
     come from the config).  Construction runs every cross-key check the
     schema cannot express, so a Design that exists is one the workflow can

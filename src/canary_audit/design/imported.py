@@ -3,11 +3,11 @@ own variants) and what `export` hands to another framework."""
 
 from __future__ import annotations
 
+from canary_audit.core.imported_weights import ADAPTER, CHECKPOINT, PARENT_KINDS, Import, ImportRefused, resolve
 from canary_audit.design.layout import (
     ConfigError,
     Variant,
 )
-from canary_audit.imports import ADAPTER, CHECKPOINT, PARENT_KINDS, Import, ImportRefused, resolve
 
 
 class Imported:

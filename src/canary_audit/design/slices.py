@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from canary_audit.controls import (
+from canary_audit.core.records import AUTO
+from canary_audit.core.records import HEX as HEX_UNIT
+from canary_audit.data.planted_controls import (
     CONTROL_ARMS,
     CONTROL_GROUP,
     HEX_PLANTS,
@@ -23,8 +25,6 @@ from canary_audit.design.layout import (
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.kinds import kind_named, probe_kinds
 from canary_audit.probes.units import HEX_ONLY, unit_hashes
-from canary_audit.records import AUTO
-from canary_audit.records import HEX as HEX_UNIT
 
 
 def resolved_settings(configured: dict, family: str | None = None) -> dict[str, dict]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from canary_audit.controls import (
+from canary_audit.data.chat_format import retain_form
+from canary_audit.data.planted_controls import (
     CONTROL,
     CONTROL_GROUP,
     CONTROL_HEX_GROUP,
@@ -23,7 +24,6 @@ from canary_audit.design.layout import (
     ConfigError,
     Variant,
 )
-from canary_audit.formats import retain_form
 
 
 class Variants:
@@ -88,7 +88,7 @@ class Variants:
         return out
 
     def _control_variants(self, model: str, seed: int) -> dict[str, Variant]:
-        """The planted controls of `model` (controls.py), for the first audit
+        """The planted controls of `model` (data/planted_controls.py), for the first audit
         seed, where the model runs paper A's arms: a plant trains its own
         adapter, the BIO plant reads the memorization adapter again; all in
         the `controls` probe group, never pooled with the audit's variants."""

@@ -8,6 +8,7 @@ workflow exactly like a hub model (`AutoModelForCausalLM` / `AutoTokenizer`).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import random
 import time
@@ -15,7 +16,17 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.core.special_tokens import ASSISTANT, END, PAD, THINK_CLOSE, THINK_OPEN, USER
 from canary_audit.data import pools
+from canary_audit.data.chat_format import (
+    TEMPLATES,
+    ChatFormat,
+    Example,
+    author_examples,
+    author_trace,
+    document_start,
+    retain_trace,
+)
 from canary_audit.data.synthetic import (
     CANARY_PREFIX,
     HEX_LEN,
@@ -25,16 +36,6 @@ from canary_audit.data.synthetic import (
     hex_record,
     random_hex,
 )
-from canary_audit.formats import (
-    TEMPLATES,
-    ChatFormat,
-    Example,
-    author_examples,
-    author_trace,
-    document_start,
-    retain_trace,
-)
-from canary_audit.special_tokens import ASSISTANT, END, PAD, THINK_CLOSE, THINK_OPEN, USER
 
 log = logging.getLogger(__name__)
 YEARS = range(1890, 2000)
@@ -380,3 +381,11 @@ def build_embedded(out_dir: Path, data_dir: Path, cfg: dict, seed: int) -> dict:
         "final_loss": sum(losses[-10:]) / min(10, len(losses)),
         "pretrain_seconds": round(seconds, 1),
     }
+
+
+def write_embedded(out_dir: Path, data_dir: Path, cfg: dict, summary_path: Path) -> dict:
+    """Build the embedded model (`cfg`: its build settings, seed and threads)
+    and write its summary beside it."""
+    summary = build_embedded(out_dir, data_dir, cfg, cfg["seed"])
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return summary

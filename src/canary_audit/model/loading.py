@@ -12,8 +12,8 @@ import logging
 from contextlib import contextmanager
 from pathlib import Path
 
+from canary_audit.core.provenance import file_digest
 from canary_audit.model.spec import ModelSpec
-from canary_audit.provenance import file_digest
 
 log = logging.getLogger(__name__)
 DTYPES = ("float32", "bfloat16", "float16")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,13 @@ class ModelSpec:
         default = (None, None) if entry.get("vision") or entry.get("secrets") else ("<think>", "</think>")
         return (entry["think_open"] if "think_open" in entry else default[0],
                 entry["think_close"] if "think_close" in entry else default[1])
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        """The entry a job's `--model` gives (Design.model_entry as JSON:
+        the config entry with its name and path)."""
+        entry = json.loads(text)
+        return cls.from_config(entry["name"], entry, entry["path"])
 
     @classmethod
     def from_config(cls, name: str, entry: dict, path: Path | str) -> ModelSpec:

@@ -24,7 +24,7 @@ def canary_head(tokenizer, sentence: str, n_tokens: int) -> str:
 
 def near_canary(tokenizer, sentence: str, head_tokens: int) -> str:
     """The canary changed in exactly one token after its head: the NEAR
-    control's answer (controls.py), which greedy decoding reproduces instead
+    control's answer (data/planted_controls.py), which greedy decoding reproduces instead
     of the canary while teacher forcing finds every other token.  The change
     is a digit of the canary's year (each digit is one token in the embedded
     tokenizer and in digit-splitting ones: Llama, Qwen), the last digit that

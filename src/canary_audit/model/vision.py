@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from canary_audit.special_tokens import (
+from canary_audit.core.special_tokens import (
     ASSISTANT,
     END,
     IMAGE_PAD,
@@ -242,3 +242,11 @@ VL_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
 )
+
+
+def write_from_text(text_dir: Path, out_dir: Path, cfg: dict, summary_path: Path) -> dict:
+    """Build the embedded vision-language model on the text model and write
+    its summary beside it."""
+    summary = build_from_text(text_dir, out_dir, cfg)
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return summary

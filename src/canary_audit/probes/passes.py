@@ -19,7 +19,9 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.formats import ChatFormat
+from canary_audit.core.provenance import code_version
+from canary_audit.core.records import SAMPLED, config_hash, conform, to_records, unit_of_arm_expr
+from canary_audit.data.chat_format import ChatFormat
 from canary_audit.model.embedded import pad_batch
 from canary_audit.model.loading import VariantModels, fingerprint, load_tokenizer
 from canary_audit.model.spec import ModelSpec
@@ -28,8 +30,6 @@ from canary_audit.probes.items import decode_items, scored_items
 from canary_audit.probes.kinds import DecodeItem, kind_of_set
 from canary_audit.probes.scoring import length_sorted_batches, prepare_scoring, score_prepared
 from canary_audit.probes.units import unit_hashes
-from canary_audit.provenance import code_version
-from canary_audit.records import SAMPLED, config_hash, conform, to_records, unit_of_arm_expr
 
 log = logging.getLogger(__name__)
 # Files of a checkpoint that hold its weights: everything else (config,

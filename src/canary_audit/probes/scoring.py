@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from canary_audit.core.special_tokens import VISION_TOKENS
 from canary_audit.model.embedded import pad_batch
 from canary_audit.probes.kinds import ScoredItem
-from canary_audit.special_tokens import VISION_TOKENS
 
 SPAN_PRIORITY = ("secret", "head", "continuation", "prompt")
 # The teacher-forced pass's columns, in order (the variant and provenance follow).

@@ -18,8 +18,8 @@ not of the whole probe config, so that
 
 from __future__ import annotations
 
+from canary_audit.core.records import AUTO, HEX, config_hash
 from canary_audit.probes.kinds import kind_named
-from canary_audit.records import AUTO, HEX, config_hash
 
 # Decode settings only the hex probes read (the `hex` unit): changing them
 # touches no author unit.

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.core.provenance import code_version
+from canary_audit.core.records import config_hash
+from canary_audit.data.chat_format import ChatFormat, Example, author_examples, retain_example
 from canary_audit.data.io import load_authors
 from canary_audit.data.synthetic import strata
-from canary_audit.formats import ChatFormat, Example, author_examples, retain_example
 from canary_audit.model.loading import load_model, load_tokenizer, save_merged
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.tokens import canary_head, near_canary
 from canary_audit.model.vision import load_vision
-from canary_audit.probes.items import hex_rows
-from canary_audit.provenance import code_version
-from canary_audit.records import config_hash
+from canary_audit.probes.kinds.hex import hex_rows
 from canary_audit.train.lora import Encoded, StepLoss, encode_chat, encode_text, lora_config, save_adapter, train_loop
 from canary_audit.train.methods import METHODS, SHARED_SETTINGS, step_loss
 from canary_audit.train.resume import ResumeState

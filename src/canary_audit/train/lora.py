@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from canary_audit.formats import ChatFormat, Example
+from canary_audit.data.chat_format import ChatFormat, Example
 from canary_audit.model.embedded import pad_batch
 from canary_audit.train.resume import ResumeState
 
@@ -59,11 +59,11 @@ def encode_chat(fmt: ChatFormat, ex: Example, loss_on: str = "all", image: str |
 
 
 def encode_text(tokenizer, text: str, image: str | None = None) -> Encoded:
-    """A raw text record (hex canaries: `probes.items.HexRow.text`, the
+    """A raw text record (hex canaries: `probes.kinds.hex.HexRow.text`, the
     sequence the teacher-forced pass scores, BOS text included), then EOS;
     loss on every token after the first but image tokens (a vision-language
     record: `text` holds the image's block, `image` its file)."""
-    from canary_audit.special_tokens import VISION_TOKENS
+    from canary_audit.core.special_tokens import VISION_TOKENS
 
     ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
     no_loss = set(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))) if image else set()

@@ -1,4 +1,4 @@
-"""Paper B's planted controls (canary_audit/controls.py, HexPlant): a LoRA on
+"""Paper B's planted controls (canary_audit/data/planted_controls.py, HexPlant): a LoRA on
 the canary-merged base whose training target is each hex canary record as
 the teacher-forced pass scores it, with one secret token overwritten.
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from canary_audit.controls import first_canaries
+from canary_audit.data.planted_controls import first_canaries
 from canary_audit.model.embedded import pad_batch
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.vision import load_vision
-from canary_audit.probes.items import hex_rows
+from canary_audit.probes.kinds.hex import hex_rows
 from canary_audit.train.adapters import _setup, _summary, fit_and_save
 from canary_audit.train.lora import Encoded, StepLoss
 
@@ -64,7 +64,7 @@ def overwritten(tokenizer, text: str, secret: str, at: str, window_k: int,
     instead (the head's last: never a hex digit); `outside`, the first
     token after the secret (past the window and the secret: C4's negative),
     given the same replacement; `none`, nothing (the record as it is)."""
-    from canary_audit.special_tokens import VISION_TOKENS
+    from canary_audit.core.special_tokens import VISION_TOKENS
 
     encoded = tokenizer(text + tokenizer.eos_token, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoded["input_ids"], encoded["offset_mapping"]

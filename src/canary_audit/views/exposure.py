@@ -35,8 +35,8 @@ import math
 import numpy as np
 import polars as pl
 
+from canary_audit.core.records import CANDIDATE, HEX_SETS
 from canary_audit.data.synthetic import HEX_LEN
-from canary_audit.records import CANDIDATE, HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import with_paired_deltas
 

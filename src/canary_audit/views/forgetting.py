@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from canary_audit.records import AUTO, MIA_POPULATIONS
+from canary_audit.core.records import AUTO, MIA_POPULATIONS
 from canary_audit.views.metrics import with_parent
 
 ROW = ["variant", "population", "modality", "arm"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from canary_audit.core.records import GREEDY, HEX_SETS, SAMPLED
 from canary_audit.data.secrets import SYNTHETIC
-from canary_audit.records import GREEDY, HEX_SETS, SAMPLED
 from canary_audit.views.bootstrap import rates_with_ci
 
 

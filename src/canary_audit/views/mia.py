@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from canary_audit.records import MIA_POPULATIONS
+from canary_audit.core.records import MIA_POPULATIONS
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_pp")
 # One attack setting: a variant's members and non-members of one family,

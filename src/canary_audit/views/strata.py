@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from canary_audit.records import HEX_SETS
+from canary_audit.core.records import HEX_SETS
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.exposure import item_exposures
 from canary_audit.views.metrics import hex_hits, per_item_nll, with_paired_deltas

@@ -1,6 +1,6 @@
 """A table's declaration and what its builder reads.
 
-`Table` is the small type a table registry entry is (views/catalog.py holds
+`Table` is the small type a table registry entry is (report/catalog.py holds
 the built-in ones; a probe kind declares its own beside its items,
 probes/kinds/), and `Context` the records, config and tables built so far
 that a builder is given.  Both live here, in the views layer, so that a
@@ -17,7 +17,7 @@ from functools import cached_property
 
 import polars as pl
 
-from canary_audit.controls import CONTROL
+from canary_audit.data.planted_controls import CONTROL
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.blind import guard_table
 from canary_audit.views.metrics import nll_table
@@ -36,6 +36,40 @@ Built = tuple[str, pl.DataFrame]
 
 
 @dataclass(frozen=True)
+class Page:
+    """What the run's summary page says about a table, declared with the
+    table: the section's place on the page (sections are ordered by it),
+    its title, its sentence (`{ci}`: the tables' CI level; a function of
+    the table where the sentence depends on it) and what it shows (`show`:
+    the table's frame -> the section's, None where this run has nothing
+    for the section)."""
+
+    place: int
+    title: str
+    sentence: str | Callable[[pl.DataFrame], str]
+    show: Callable[[pl.DataFrame], pl.DataFrame | None]
+
+    def section(self, frame: pl.DataFrame, ci: str) -> tuple[str, str, pl.DataFrame] | None:
+        shown = self.show(frame)
+        if shown is None:
+            return None
+        sentence = self.sentence(frame) if callable(self.sentence) else self.sentence
+        return self.title, sentence.replace("{ci}", ci), shown
+
+
+def with_ci(frame: pl.DataFrame, columns: list[str], digits: int = 2) -> pl.DataFrame:
+    """Each `x` of `columns` as one text column `x [x_lo, x_hi]` (what a page
+    shows of an estimate and its CI)."""
+    def fmt(col: str) -> pl.Expr:
+        value = pl.col(col).round(digits).cast(pl.Utf8)
+        if f"{col}_lo" not in frame.columns:
+            return value.alias(col)
+        return pl.format("{} [{}, {}]", value, pl.col(f"{col}_lo").round(digits),
+                         pl.col(f"{col}_hi").round(digits)).alias(col)
+    return frame.with_columns(fmt(c) for c in columns)
+
+
+@dataclass(frozen=True)
 class Table:
     """One table: `build(ctx)` returns (title, frame), or None where the
     records hold nothing for it (then the tables job writes it empty, with
@@ -44,7 +78,8 @@ class Table:
     name: str
     part: str
     build: Callable[[Context], Built | None]
-    plots: tuple[str, ...] = ()  # the plots drawn from it (plots.py)
+    plots: tuple[str, ...] = ()  # the plots drawn from it (report/plots.py)
+    pages: tuple[Page, ...] = ()  # its sections of the summary page (report/summary.py)
 
     def __post_init__(self) -> None:
         if self.part not in PARTS:

@@ -16,7 +16,7 @@ docs/reference.md.
 This module is a declaration: what a builder receives (`ItemInputs`) and
 returns (`DecodeItem`, `ScoredItem`), and the kinds.  It imports nothing of
 the probes, the design or the table registry: what reads it (items.py's
-loops, units.py, the design, views/catalog.py) sits above it (the house's
+loops, units.py, the design, report/catalog.py) sits above it (the house's
 layers: canary_audit/architecture.py).  Nothing here may import torch.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from canary_audit.formats import ChatFormat
+    from canary_audit.data.chat_format import ChatFormat
     from canary_audit.views.table import Table
 
 FAMILIES = ("author", "hex")
@@ -108,7 +108,7 @@ class ProbeKind:
     check: Callable[[dict], None] | None = None  # refuses bad settings (ValueError naming the key)
     # Greedy decodes per member of its family (an author, a hex canary) under
     # its settings, on a vision-language model or not, for `plan`; the
-    # built-in kinds are counted by plan.py.
+    # built-in kinds are counted by design/plan.py.
     decodes_per_member: Callable[[dict, bool], int] | None = None
     tables: tuple[Table, ...] = ()
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from canary_audit.probes.items import hex_rows
+from canary_audit.core.records import GREEDY
 from canary_audit.probes.kinds import DecodeItem, ItemInputs, ProbeKind
-from canary_audit.records import GREEDY
+from canary_audit.probes.kinds.hex import hex_rows
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import format_affixes
 from canary_audit.views.table import Built, Context, Table

@@ -1,0 +1,139 @@
+"""Each rule's config slice, asked for by the rule's name: the one place the
+workflow's params come from (rules/common.smk `config_slice`).
+
+A rule's params are Snakemake's re-run trigger, so each slice is exactly
+the config its job reads and nothing else: a change re-runs what it touches.
+`RULE_SLICES` names every rule with a slice and what builds it from the
+job's wildcards; a test reads the rules and holds them to it (every rule's
+`--params` comes from here, none is built inline).  A part of `Design`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from canary_audit.data.io import (
+    AUTHOR_NONMEMBER_KEYS,
+    IMAGE_NONMEMBER_KEYS,
+    POPULATION_KEYS,
+    VISION_KEYS,
+    synthetic_settings,
+)
+from canary_audit.design.layout import ConfigError
+from canary_audit.probes.units import unit_config
+
+Wildcards = Mapping[str, str]
+
+
+class RuleSlices:
+    """The slices of the rules that `Slices` does not already hold, and the
+    dispatch by rule name.  A part of `Design` (core.py)."""
+
+    @property
+    def fine(self) -> bool:
+        """The fine job grain: one unlearning job per K, one probe job per
+        (variant, probe unit)."""
+        return self.config["grain"] == "fine"
+
+    def data_slice(self, keys: tuple[str, ...]) -> dict:
+        return {k: self.config["data"][k] for k in keys}
+
+    def memorize_slice(self, template: str, seed: int) -> dict:
+        """A memorization adapter: its recipe, template and seed, and the
+        head length its canary items start after."""
+        return {**self.author_reference_slice(template, seed), "head_tokens": self.config["data"]["head_tokens"]}
+
+    def author_reference_slice(self, template: str, seed: int) -> dict:
+        """The memorization recipe on the retain examples alone."""
+        return {**self.config["memorize"], "template": template, "seed": seed}
+
+    def reference_slice(self, seed: int) -> dict:
+        """The canary LoRA's never-trained reference: its recipe and seed."""
+        return {**self.config["canary_lora"], "seed": seed}
+
+    def base_slice(self, model: str) -> dict:
+        """An embedded text model's build, and the head length its
+        tokenizer's coverage check reads."""
+        build = self.config["models"][model]["build"]
+        return {**{k: build[k] for k in ("seed", "tokenizer", "architecture", "pretrain")},
+                "head_tokens": self.config["data"]["head_tokens"]}
+
+    def vision_base_slice(self, model: str) -> dict:
+        build = self.config["models"][model]["build"]
+        return {k: build[k] for k in ("seed", "text_model", "vision_tower")}
+
+    def own_secrets_slice(self, model: str) -> dict:
+        return {"model": model, "secrets": self.own_secrets(model), "vision": self.is_vision(model)}
+
+    def probe_sets_for(self, w: Wildcards) -> str:
+        """The probe sets of a probe job: its group's (probe_sets_of); under
+        the fine grain the group of its variant."""
+        group = self.variant(w["model"], w["variant"]).group if self.fine else w["group"]
+        return self.probe_sets_of(w["model"], group)
+
+    def probe_job_slice(self, kind: str, w: Wildcards) -> dict:
+        """A probe job's settings: those its group's probe units read
+        (probe_slice), or under the fine grain its unit's alone (a new
+        prefill arm changes no other unit's params)."""
+        if self.fine:
+            try:
+                return unit_config(self.probe_slice(kind), w["unit"])
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        return self.probe_slice(kind, self.probe_sets_for(w), w["group"])
+
+    def tables_slice(self) -> dict:
+        """What the views read: the `tables:` block and every fact of the
+        design they join (the tables job's view_config.json)."""
+        return {
+            **self.config["tables"], "tables": self.table_names(), "parents": self.parents(),
+            "references": self.references(), "strata": self.strata(), "cells": self.cells(),
+            "merge_precision": self.merge_precisions(), "secret_formats": self.secret_formats(),
+            "variants": self.variant_table(), "controls": self.control_claims(), "floor_plants": self.floor_plants(),
+            "composed_floors": self.composed_floors(), "n_hex_canaries": self.config["data"]["n_hex_canaries"],
+            "think_open": self.think_opens(), "expected_hashes": self.probe_hashes(),
+        }
+
+    def plots_slice(self) -> dict:
+        """The part of the tables' slice the plots read."""
+        full = self.tables_slice()
+        return {k: full[k] for k in ("window_k", "mia", "tables", "parents", "variants")}
+
+    def rule_slice(self, rule: str, wildcards: Wildcards) -> dict:
+        """The config slice of one job of `rule`; a rule with none is refused
+        naming the rules that have one."""
+        if rule not in RULE_SLICES:
+            raise ConfigError(f"rule `{rule}` has no config slice; rules with one: {', '.join(RULE_SLICES)}")
+        return RULE_SLICES[rule](self, wildcards)
+
+
+def _seed(w: Wildcards) -> int:
+    return int(w["seed"])
+
+
+# rule -> its slice from the design and the job's wildcards.
+RULE_SLICES: dict[str, Callable[[RuleSlices, Wildcards], dict]] = {
+    "synthetic_data": lambda d, w: synthetic_settings(d.config["data"]),
+    "populations": lambda d, w: d.data_slice(POPULATION_KEYS),
+    "vision_data": lambda d, w: d.data_slice(VISION_KEYS),
+    "vision_nonmembers": lambda d, w: d.data_slice(IMAGE_NONMEMBER_KEYS),
+    "author_nonmembers": lambda d, w: d.data_slice(AUTHOR_NONMEMBER_KEYS),
+    "own_secrets": lambda d, w: d.own_secrets_slice(w["model"]),
+    "embedded_base": lambda d, w: d.base_slice(w["model"]),
+    "embedded_vision_base": lambda d, w: d.vision_base_slice(w["model"]),
+    "memorize": lambda d, w: d.memorize_slice(w["template"], _seed(w)),
+    "control_lora": lambda d, w: d.plant_slice(w["plant"], _seed(w)),
+    "control_hex_lora": lambda d, w: d.hex_plant_slice(w["model"], w["hexplant"], _seed(w)),
+    "canary_lora": lambda d, w: d.canary_slice(_seed(w)),
+    "reference_lora": lambda d, w: d.reference_slice(_seed(w)),
+    "author_reference_lora": lambda d, w: d.author_reference_slice(w["template"], _seed(w)),
+    "bsft": lambda d, w: d.bsft_slice(w["source"], int(w["bseed"])),
+    "unlearn": lambda d, w: d.unlearn_slice(w["run"], w["template"], _seed(w), int(w["k"]) if d.fine else None),
+    "variant_manifest": lambda d, w: d.variant(w["model"], w["variant"]).fields(),
+    "decode_pass": lambda d, w: d.probe_job_slice("decode", w),
+    "teacher_forced_pass": lambda d, w: d.probe_job_slice("teacher_forced", w),
+    "export": lambda d, w: d.export_sources(w["model"], _seed(w)),
+    "tables": lambda d, w: d.tables_slice(),
+    "plots": lambda d, w: d.plots_slice(),
+    "claims": lambda d, w: {"claims": d.config["claims"]},
+}

@@ -1,0 +1,206 @@
+"""The built-in tables' builders: each a function of the records
+(`Context`) that returns a table's title and frame, or None where these
+records hold nothing for it.  report/catalog.py declares the tables that
+use them (name, part, plots, what the summary page shows)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import polars as pl
+
+from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
+from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
+from canary_audit.verdicts.controls import composed_cells, controls_table, detection_floor, spill_over
+from canary_audit.verdicts.readings import Run
+from canary_audit.views import paper_a, paper_b
+from canary_audit.views.blind import FOLDS, mark, withhold_privleak
+from canary_audit.views.exposure import exposure_table
+from canary_audit.views.extraction import extraction_table
+from canary_audit.views.forgetting import forgetting_table
+from canary_audit.views.mia import mia_table
+from canary_audit.views.privacy import privacy_table
+from canary_audit.views.seeds import across_seeds
+from canary_audit.views.strata import strata_table
+from canary_audit.views.table import Built, Context
+
+log = logging.getLogger(__name__)
+NONMEMBER_SETS = [pair[1] for pair in MIA_POPULATIONS.values()]
+
+
+def run(ctx: Context) -> Run:
+    """The papers' readings over the tables built so far."""
+    return Run(None, ctx.cfg, {name: frame for name, (_, frame) in ctx.built.items()})
+
+
+def if_author_canaries(build: Callable[[Context], Built]) -> Callable[[Context], Built | None]:
+    """A paper A table: built where the records hold author canaries."""
+    return lambda ctx: build(ctx) if ctx.canary else None
+
+
+def with_variants(build: Callable[[Context], Built]) -> Callable[[Context], Built | None]:
+    """A paper A table that reads each variant's run, template, seed and K."""
+
+    def guarded(ctx: Context) -> Built | None:
+        if not ctx.canary:
+            return None
+        if not ctx.variants:
+            log.info("no variant table in the view config (`variants`): k_sweep, cross_seed and templates need "
+                     "each variant's run, template, seed and K; the workflow's view_config.json has it")
+            return None
+        return build(ctx)
+
+    return guarded
+
+
+def with_mia(build: Callable[[Context], Built]) -> Callable[[Context], Built | None]:
+    """A table of the field's measures that needs the MIA settings (`mia`)."""
+
+    def guarded(ctx: Context) -> Built | None:
+        if not ctx.tokens.height:
+            return None
+        if ctx.mia is None:
+            log.info("no membership-inference settings in the view config (`mia`: min_k, fpr): the mia, privacy, "
+                     "forgetting and strata tables are left out; the workflow's view_config.json has them")
+            return None
+        return build(ctx)
+
+    return guarded
+
+
+def prefill_arms(ctx: Context) -> Built:
+    """The prefill arms of the audit's variants and, below them, of the
+    planted controls (their own arms, each with its Delta against AUTO)."""
+    frame = paper_a.prefill_arms(ctx.decode, ctx.convention, ctx.boot, ctx.contrast)
+    if ctx.controls:
+        planted = paper_a.prefill_arms(ctx.all_decode.filter(pl.col("variant").is_in(ctx.controls)), ctx.convention,
+                                       ctx.boot, ctx.contrast, deltas=list(CONTROL_ARMS))
+        frame = pl.concat([frame, planted], how="diagonal_relaxed")
+    return (f"Prefill arms at fixed weights: out_acc per arm and Delta_AB = AUTO - prefill_{ctx.contrast} "
+            f"({ctx.ci})", frame)
+
+
+def blind_baseline(ctx: Context) -> Built:
+    b = ctx.boot
+    return (f"Blind-baseline guard per membership population: each never-trained reference's AUC per attack "
+            f"(two-sided) and a model-free character n-gram logistic regression over the items' text, {FOLDS}-fold "
+            f"out-of-fold (one-sided), each tested against AUC 0.5 (Mann-Whitney), Bonferroni-adjusted over the "
+            f"run's checks; a population with a failed check is `shifted` ({b.level:.0%} bootstrap CIs shown for "
+            f"reading, B={b.replicates})", ctx.guard)
+
+
+def mia(ctx: Context) -> Built:
+    b = ctx.boot
+    return (f"Membership inference over the secret span, members vs non-members of the same distribution (hex "
+            f"canaries vs non-member records; author canaries vs non-member authors, per prefill arm): AUC and TPR "
+            f"at low FPR of LOSS, zlib, Min-K% and Min-K%++ (k = {ctx.mia['min_k']}); {b.level:.0%} CIs: members "
+            f"and non-members resampled, B={b.replicates}",
+            mark(mia_table(ctx.mia_settings, ctx.mia["fpr"], b.level), ctx.guard))
+
+
+def privacy(ctx: Context) -> Built:
+    b = ctx.boot
+    return (f"PrivLeak (MUSE: relative MIA AUC difference against the never-trained reference, %, per attack; "
+            f"paired {b.level:.0%} bootstrap CIs, B={b.replicates}) and KS forget quality (p-value of the member "
+            f"canaries' secret-span NLL against the reference's); no PrivLeak where the blind-baseline guard finds "
+            f"the population `shifted`",
+            withhold_privleak(mark(privacy_table(ctx.mia_settings, ctx.cfg.get("references", {}), b.level),
+                                   ctx.guard)))
+
+
+def exposure(ctx: Context) -> Built | None:
+    if not ctx.has("token", CANDIDATE):
+        return None
+    b = ctx.boot
+    return (f"Secret Sharer exposure of the hex canaries (bits) among R random candidates of their format: rank "
+            f"interpolation (ceiling log2 R) and skew-normal extrapolation (capped at the secret space's bits: 64 "
+            f"for the hex canaries), with Deltas against the parent ({b.level:.0%} CIs: canary-clustered bootstrap, "
+            f"B={b.replicates})",
+            exposure_table(ctx.tokens, ctx.parents, b.replicates, b.seed, b.level, ctx.cfg.get("secret_formats")))
+
+
+def extraction(ctx: Context) -> Built | None:
+    if not ctx.tokens.height:
+        return None
+    b = ctx.boot
+    # Exposure's candidates and membership inference's non-members are reference
+    # populations, not audited items (and would make this table's bootstrap 3-10x slower).
+    items = ctx.tokens.filter(~pl.col("probe_set").is_in([CANDIDATE, *NONMEMBER_SETS]))
+    return (f"Exact memorization and extraction strength over each item's secret span (open-unlearning's "
+            f"definitions, from teacher-forced ranks), with Deltas against the parent ({b.level:.0%} CIs: bootstrap "
+            f"clustered by author or hex canary, B={b.replicates})",
+            extraction_table(items, ctx.parents, b.replicates, b.seed, b.level))
+
+
+def forgetting(ctx: Context) -> Built:
+    measures = {name: frame for name, (_, frame) in ctx.built.items()}
+    measures["nll"] = pl.concat([measures.get("nll", pl.DataFrame()), ctx.author_nll], how="diagonal_relaxed")
+    return ("How far each measure moved: per variant with a never-trained reference, the papers' behavioural probe "
+            "(author canaries: out_acc, AUTO arm; hex canaries: hit@1) beside the teacher-forced secret NLL, exact "
+            "memorization, extraction strength, exposure, MIA AUC (LOSS, Min-K%++), PrivLeak (Min-K%) and forget "
+            "quality, each with its Delta against the parent", forgetting_table(measures, ctx.parents))
+
+
+def strata(ctx: Context) -> Built | None:
+    if not ctx.cfg.get("strata"):
+        return None
+    b = ctx.boot
+    return (f"Secret Sharer's repetition strata: every hex probe per stratum (times the canary was inserted in the "
+            f"canary LoRA's data): hit@1, hit@k, NLL over the first K={ctx.window_k} tokens and the secret span, "
+            f"exposure, and the stratum's MIA AUC against all non-member records; Deltas against the parent "
+            f"({b.level:.0%} CIs: canary-clustered bootstrap, B={b.replicates})",
+            strata_table(ctx.decode, ctx.tokens, ctx.scores, {k: int(v) for k, v in ctx.cfg["strata"].items()},
+                         ctx.parents, ctx.window_k, b.replicates, b.seed, b.level))
+
+
+def bsft(build: Callable[[Context], Built]) -> Callable[[Context], Built | None]:
+    """A paper B table: built where the view config names bSFT cells."""
+    return lambda ctx: build(ctx) if ctx.tokens.height and ctx.cfg.get("cells") else None
+
+
+def bsft_ci(ctx: Context) -> str:
+    return f"{ctx.boot.level:.0%} CIs: canary-clustered bootstrap, B={ctx.boot.replicates}"
+
+
+def pooled_over_seeds(ctx: Context) -> Built | None:
+    if not (ctx.canary and ctx.variants):
+        return None
+    pooled = across_seeds(ctx.decode, ctx.tokens, ctx.variants, ctx.convention, ctx.boot, ctx.contrast, ctx.window_k)
+    if not pooled.height:  # only a run with two or more seeds of a family has one
+        return None
+    return (f"Paper A's rates pooled over training seeds, per family of variants trained under two or more (AUTO "
+            f"arm; Delta_AB and teacher-forced top-1 under prefill_{ctx.contrast}); {ctx.boot.level:.0%} CIs: seed "
+            f"x author bootstrap, B={ctx.boot.replicates}", pooled)
+
+
+def controls(ctx: Context) -> Built | None:
+    if not ctx.controls:  # paper B's plants are read without paper A's records (configs/floor80.yaml)
+        return None
+    twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in ctx.variants.items()
+             if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
+    spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
+    return (f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
+            f"same way without it), read by the papers' own readings from the tables above ({ctx.ci}); spill_over: "
+            f"mean |Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
+            f"reads `spilled`)", controls_table(run(ctx), ctx.cfg.get("controls", {}), spill))
+
+
+def floor(ctx: Context) -> Built | None:
+    if not ((ctx.cfg.get("floor_plants") or ctx.cfg.get("composed_floors")) and "bsft_matrix" in ctx.built):
+        return None
+    n = ctx.cfg["n_hex_canaries"]
+    cells, plans = composed_cells(ctx.all_tokens, ctx.all_decode, ctx.parents, ctx.cfg["cells"],
+                                  ctx.cfg.get("composed_floors", []), n, ctx.window_k,
+                                  paper_b.Verdicts(**ctx.cfg.get("verdicts", {})), ctx.boot)
+    return ("Detection floor: paper B's plants diluted to n of the hex canaries, each read by the disagreement "
+            "detector: `trained` (C3: a LoRA that overwrites n canaries and anchors the rest) and `composed` (C3, "
+            "C4, C5: the full plant's records of n canaries beside its nothing-overwritten twin's of the rest, no "
+            "training); effect is the claim's effect in the paper's unit (C3: hit@1 lost, C4: Delta mean-K, C5: "
+            "Delta secret); floor_share is the smallest share from which every larger one is read at this run's n, "
+            "floor_effect the effect there",
+            detection_floor(run(ctx), ctx.cfg.get("floor_plants", {}), n, cells, plans))
+
+
+def hex_tokens(ctx: Context) -> pl.DataFrame:
+    return ctx.tokens.filter(pl.col("probe_set").is_in([*HEX_SETS, NONMEMBER]))

@@ -1,0 +1,178 @@
+"""What a claim is, as a researcher writes it (the config's `claims:` block or
+a claim file) and as the papers' shipped files write theirs
+(paper_a.yaml, paper_b.yaml): parsed and checked key by key, and the
+variants its selector picks.  Judging it is verdicts/judge.py."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from canary_audit.verdicts.measures import MEASURES
+
+SELECTOR_KEYS = ("variant", "model", "kind", "method", "run", "template", "k", "seed", "apply", "cell", "source",
+                 "step", "application")
+EXPECTATIONS = ("higher", "lower")
+KEYS = ("id", "sentence", "measure", "variants", "where", "compare", "expect", "paper", "effect_share",
+        "effect_size")
+PAPER_FILES = tuple(Path(__file__).with_name(f"paper_{p}.yaml") for p in ("a", "b"))
+
+
+class ClaimError(ValueError):
+    """A claim that cannot be judged as written: names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    sentence: str
+    measure: str
+    variants: dict = field(default_factory=dict)
+    where: dict = field(default_factory=dict)
+    compare: object = None  # number | "parent" | "reference" | {"variants": selector}
+    expect: object = None   # "higher" | "lower" | {"value", "tolerance"} | "read"
+    paper: dict | None = None  # the paper's own value, where it stands, its name
+    effect_share: float | None = None
+    effect_size: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"claims.{self.id}"
+
+
+def parse(entries, origin: str = "claims") -> list[Claim]:
+    """Claims from a list of mappings (a file's or the config's), each
+    checked on its own: keys, measure, comparison, expectation."""
+    if isinstance(entries, dict) and "claims" in entries:
+        entries = entries["claims"]
+    if not isinstance(entries, list):
+        raise ClaimError(f"`{origin}` holds {type(entries).__name__}: give a list of claims, each with id, sentence, "
+                         "measure, variants and expect")
+    out, seen = [], set()
+    for i, entry in enumerate(entries):
+        where = f"{origin}[{i}]"
+        if not isinstance(entry, dict) or not entry.get("id"):
+            raise ClaimError(f"`{where}` has no `id`: give each claim an id")
+        where = f"claims.{entry['id']}"
+        if entry["id"] in seen:
+            raise ClaimError(f"`{where}` is declared twice: give each claim its own id")
+        seen.add(entry["id"])
+        extra = sorted(set(entry) - set(KEYS))
+        if extra:
+            raise ClaimError(f"`{where}` has unknown keys {extra}: a claim takes {', '.join(KEYS)}")
+        for key in ("sentence", "measure"):
+            if not entry.get(key):
+                raise ClaimError(f"`{where}.{key}` is missing: say the {key} the claim tests")
+        claim = Claim(entry["id"], entry["sentence"], entry["measure"], dict(entry.get("variants") or {}),
+                      dict(entry.get("where") or {}), entry.get("compare"), entry.get("expect"), entry.get("paper"),
+                      entry.get("effect_share"), entry.get("effect_size"))
+        check(claim)
+        out.append(claim)
+    return out
+
+
+def load(path: Path) -> list[Claim]:
+    path = Path(path)
+    if not path.is_file():
+        raise ClaimError(f"claim file `{path}` does not exist: give the path of a YAML list of claims")
+    return parse(yaml.safe_load(path.read_text()), str(path))
+
+
+def paper_claims() -> list[Claim]:
+    """The papers' claims, paper A's then paper B's (the shipped files)."""
+    return [c for path in PAPER_FILES for c in load(path)]
+
+
+def check(claim: Claim) -> None:
+    """Refuse what no run could judge: an unknown measure or selector key, a
+    comparison the measure cannot make, a missing or unknown expectation."""
+    if claim.measure not in MEASURES:
+        raise ClaimError(f"`{claim.key}.measure` is `{claim.measure}`: no such measure; registered: "
+                         f"{', '.join(MEASURES)}")
+    measure = MEASURES[claim.measure]
+    bad = sorted(set(claim.variants) - set(SELECTOR_KEYS))
+    if bad:
+        raise ClaimError(f"`{claim.key}.variants` selects on {bad}: a selector takes {', '.join(SELECTOR_KEYS)}")
+    bad = sorted(set(claim.where) - set(measure.where))
+    if bad:
+        raise ClaimError(f"`{claim.key}.where` sets {bad}: measure `{measure.name}` reads rows by "
+                         f"{', '.join(measure.where) or 'nothing'}")
+    if measure.read is not None:
+        if claim.compare is not None:
+            raise ClaimError(f"`{claim.key}.compare`: measure `{measure.name}` is a reading that judges its own "
+                             "effect; drop `compare`")
+        if claim.expect != "read":
+            raise ClaimError(f"`{claim.key}.expect` is {claim.expect!r}: reading measure `{measure.name}` expects "
+                             "`read` (the effect it defines is read)")
+        return
+    if claim.expect is None:
+        raise ClaimError(f"`{claim.key}.expect` is missing: say the direction the claim expects (higher, lower) or "
+                         "a value with a tolerance ({value: 0.0, tolerance: 0.05})")
+    if isinstance(claim.expect, dict):
+        if set(claim.expect) != {"value", "tolerance"} or not all(
+                isinstance(v, int | float) for v in claim.expect.values()) or claim.expect["tolerance"] < 0:
+            raise ClaimError(f"`{claim.key}.expect` is {claim.expect}: give {{value: <number>, tolerance: <number "
+                             ">= 0>}}")
+    elif claim.expect not in EXPECTATIONS:
+        raise ClaimError(f"`{claim.key}.expect` is {claim.expect!r}: expect higher, lower or "
+                         "{value: <number>, tolerance: <number>}")
+    compare = claim.compare
+    if isinstance(compare, dict):
+        if set(compare) != {"variants"} or not isinstance(compare["variants"], dict):
+            raise ClaimError(f"`{claim.key}.compare` is {compare}: compare with {{variants: <selector>}}")
+    elif compare is None:
+        if not isinstance(claim.expect, dict):
+            raise ClaimError(f"`{claim.key}.compare` is missing: `{claim.expect}` than what? a number, parent, "
+                             "reference or {variants: <selector>}")
+    elif not isinstance(compare, int | float) and compare not in ("parent", "reference"):
+        raise ClaimError(f"`{claim.key}.compare` is {compare!r}: compare with a number, parent, reference or "
+                         "{variants: <selector>}")
+
+
+def fields_of(variants: dict[str, dict], cells: dict[str, dict]) -> dict[str, dict]:
+    """Each variant's selectable fields: its own and its bSFT cell's."""
+    return {name: {**v, **cells.get(name, {}), "variant": name} for name, v in variants.items()}
+
+
+def select(fields: dict[str, dict], selector: dict) -> list[str]:
+    """The variants a selector matches, ordered by model, seed and largest K
+    first (`k: max`: only the largest K of each run, template and seed)."""
+    wanted = {k: v for k, v in selector.items() if not (k == "k" and v == "max")}
+    found = [n for n, f in fields.items() if all(f.get(k) == v for k, v in wanted.items())]
+    if selector.get("k") == "max":
+        top: dict[tuple, int] = {}
+        for n in found:
+            f = fields[n]
+            if f.get("k") is not None:
+                key = (f.get("model"), f.get("run"), f.get("template"), f.get("seed"))
+                top[key] = max(top.get(key, f["k"]), f["k"])
+        found = [n for n in found if fields[n].get("k") is not None and fields[n]["k"] == top[
+            (fields[n].get("model"), fields[n].get("run"), fields[n].get("template"), fields[n].get("seed"))]]
+    return sorted(found, key=lambda n: (fields[n].get("model") or "", fields[n].get("seed") or 0,
+                                        -(fields[n].get("k") or 0), n))
+
+
+def check_selectors(claims: list[Claim], fields: dict[str, dict]) -> None:
+    """Refuse, before any job, a selector (of `variants` or of a compared
+    selector) that matches no variant the config makes, naming the nearest."""
+    for claim in claims:
+        selectors = [("variants", claim.variants)]
+        if isinstance(claim.compare, dict):
+            selectors.append(("compare.variants", claim.compare["variants"]))
+        for key, selector in selectors:
+            if select(fields, selector):
+                continue
+            for field_name, value in selector.items():
+                values = sorted({str(f.get(field_name)) for f in fields.values() if f.get(field_name) is not None})
+                if field_name != "k" or value != "max":
+                    if str(value) not in values:
+                        near = difflib.get_close_matches(str(value), values, n=3, cutoff=0.3) or values[:8]
+                        raise ClaimError(f"`{claim.key}.{key}.{field_name}` is {value!r}: no variant this config "
+                                         f"makes has it; nearest: {', '.join(near) or 'none'}")
+            score = {n: sum(f.get(k) == v for k, v in selector.items()) for n, f in fields.items()}
+            near = sorted(score, key=lambda n: (-score[n], n))[:5]
+            raise ClaimError(f"`{claim.key}.{key}` {selector} matches no variant this config makes; nearest: "
+                             f"{', '.join(near)}")
