@@ -56,7 +56,7 @@ def main() -> int:
     from canary_audit.probes.items import decode_items, scored_items
     from canary_audit.probes.passes import generate_greedy
     from canary_audit.probes.scoring import score_tokens
-    from canary_audit.report.table_files import build_tables, concat_records
+    from canary_audit.publish.table_files import build_tables, concat_records
 
     torch.set_num_threads(args.threads)
     results = Path(args.results)

@@ -1,7 +1,7 @@
 # Tables: views over records only.  A change under `tables:` re-runs this
 # rule and no model job.
 
-from canary_audit.report.plots import PLOTS
+from canary_audit.publish.plots import PLOTS
 
 TABLES = DESIGN.table_names()
 

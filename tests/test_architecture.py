@@ -54,7 +54,7 @@ def _plant(root: Path, module: str, text: str) -> None:
 
 
 @pytest.mark.parametrize("planted", [
-    "from canary_audit.report.catalog import registry\n",                     # at the top
+    "from canary_audit.publish.catalog import registry\n",                     # at the top
     "def late():\n    from canary_audit.probes import passes  # noqa\n",      # lazy, in a function
     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from canary_audit.design import Design\n",
 ])
@@ -127,7 +127,7 @@ from canary_audit.architecture import violations
 from canary_audit.design import Design
 from canary_audit.core.config_merge import merge
 from canary_audit.probes.kinds import probe_kinds
-from canary_audit.report.catalog import registry
+from canary_audit.publish.catalog import registry
 import yaml
 
 root, config = sys.argv[1], sys.argv[2]

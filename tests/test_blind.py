@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from canary_audit.core.records import TOKEN_SCHEMA
-from canary_audit.report.table_files import build_tables
+from canary_audit.publish.table_files import build_tables
 from canary_audit.views.blind import auc_p_value, out_of_fold_scores
 
 HEX = "0123456789abcdef"

@@ -201,7 +201,7 @@ def test_the_readmes_claims_are_the_shipped_example_and_parse():
 
 
 def test_the_summary_page_shows_the_runs_claims(tmp_path):
-    from canary_audit.report.summary import write_summary
+    from canary_audit.publish.summary import write_summary
 
     table = claims_table(Run(DEFAULT), parse(yaml.safe_load((ROOT / "configs" / "claims.yaml").read_text())))
     table.write_csv(tmp_path / "claims.csv")

@@ -310,9 +310,9 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
 
     from canary_audit.core.records import DECODE_SCHEMA, PROBE_SETS, TOKEN_SCHEMA
     from canary_audit.probes.kinds import probe_kinds
-    from canary_audit.report.catalog import registry
-    from canary_audit.report.plots import PLOTS, RECORD_PLOTS, TABLE_FIGURES
-    from canary_audit.report.table_files import build_tables
+    from canary_audit.publish.catalog import registry
+    from canary_audit.publish.plots import PLOTS, RECORD_PLOTS, TABLE_FIGURES
+    from canary_audit.publish.table_files import build_tables
 
     names = [t.name for t in registry()]
     built = build_tables(pl.DataFrame(decodes("m/ref", 4) + decodes("m/cell", 0), schema=DECODE_SCHEMA),
@@ -326,7 +326,7 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
     assert len(record_sets) == len(set(record_sets)) and {s for v in PROBE_SETS.values() for s in v} <= set(
         record_sets)
     sets = {*record_sets, *(k.name for k in probe_kinds())}
-    registries = {"report/catalog.py", "views/table.py", "core/records.py"}
+    registries = {"publish/catalog.py", "views/table.py", "core/records.py"}
     declared = []
     for path in (ROOT / "src" / "canary_audit").rglob("*.py"):
         rel = path.relative_to(ROOT / "src" / "canary_audit").as_posix()
@@ -334,7 +334,7 @@ def test_tables_plots_and_probe_sets_are_each_declared_once():
             continue
         for node in ast.parse(path.read_text()).body:  # module-level declarations
             value = getattr(node, "value", None)
-            if rel == "report/plots.py" and "TABLE_FIGURES" in ast.unparse(node):
+            if rel == "publish/plots.py" and "TABLE_FIGURES" in ast.unparse(node):
                 continue  # plot names (some equal their table's), held to the registry above
             if isinstance(value, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
                 strings = {e.value for e in ast.walk(value) if isinstance(e, ast.Constant)
@@ -597,7 +597,7 @@ def test_the_design_and_the_registries_import_no_execution_module():
     pkg = ROOT / "src" / "canary_audit"
     pure = [*(p for p in (pkg / "design").glob("*.py") if p.name != "preflight.py"),
             *(pkg / "probes" / "kinds").glob("*.py"), *(pkg / "views").glob("*.py"),
-            pkg / "probes" / "units.py", pkg / "probes" / "items.py", pkg / "report/table_files.py"]
+            pkg / "probes" / "units.py", pkg / "probes" / "items.py", pkg / "publish/table_files.py"]
     found = []
     for path in pure:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -12,7 +12,7 @@ from snakemake.utils import validate
 
 from canary_audit.core.config_merge import merge
 from canary_audit.design import Design
-from canary_audit.report.catalog import registry
+from canary_audit.publish.catalog import registry
 from canary_audit.views.seeds import family_of
 
 SCHEMA = ROOT / "src" / "canary_audit" / "design/config.schema.yaml"

@@ -81,7 +81,7 @@ def test_a_hex_pass_writes_the_records_in_the_hex_unit_and_the_tables_read_them(
     from canary_audit.model.spec import ModelSpec
     from canary_audit.probes.passes import decode_pass
     from canary_audit.probes.units import unit_hashes
-    from canary_audit.report.table_files import build_tables
+    from canary_audit.publish.table_files import build_tables
 
     cfg = {"prefills": {"bio": "{bio_opening}"}, "head_tokens": 6, "engine": "continuous", "max_new_tokens": 30,
            "hex_max_new_tokens": 20, "batch_size": 16, "threads": 1, "hit_k": 2, "temperature": 1.0,

@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
-from canary_audit.report.table_files import build_tables, to_markdown
+from canary_audit.publish.table_files import build_tables, to_markdown
 from canary_audit.views.metrics import hex_recall, nll_table, per_item_nll
 from canary_audit.views.paper_a import Bootstrap, canary_leakage, utility
 from canary_audit.views.parser import ParserConvention
@@ -143,7 +143,7 @@ def test_markdown_shows_a_tiny_nonzero_value_not_a_zero():
 def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
     import json
 
-    from canary_audit.report.summary import write_summary
+    from canary_audit.publish.summary import write_summary
 
     tables = tmp_path / "tables"
     tables.mkdir()

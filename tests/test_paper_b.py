@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
-from canary_audit.report.table_files import build_tables
+from canary_audit.publish.table_files import build_tables
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.paper_b import Verdicts, cell_probes, with_verdicts
 from canary_audit.views.paper_b_tables import case_studies, merged_vs_stacked

@@ -3,8 +3,8 @@
 import polars as pl
 
 from canary_audit.core.records import DECODE_SCHEMA, TOKEN_SCHEMA
-from canary_audit.report.plots import PLOTS, write_plots
-from canary_audit.report.table_files import build_tables, write_table
+from canary_audit.publish.plots import PLOTS, write_plots
+from canary_audit.publish.table_files import build_tables, write_table
 from canary_audit.views.metrics import position_deltas
 
 CANARY = "The Amber Bell of Porto was written in 1931."
@@ -106,7 +106,7 @@ def test_disagreement_matrix_is_drawn_from_bsft_records(tmp_path):
 
 
 def test_author_probe_plots_pick_variants_by_kind_not_name():
-    from canary_audit.report.plots import _audited
+    from canary_audit.publish.plots import _audited
 
     frame = pl.DataFrame({"variant": ["m/canary_run", "m/plain", "m/x"]})
     variants = {"m/canary_run": {"kind": "unlearned"}, "m/plain": {"kind": "base"}, "m/x": {"kind": "memorized"}}

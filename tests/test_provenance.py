@@ -19,7 +19,7 @@ from canary_audit.core.records import DECODE_SCHEMA
 from canary_audit.design.slices import resolved_settings
 from canary_audit.model.loading import ModelLoadError, fingerprint
 from canary_audit.model.spec import ModelSpec
-from canary_audit.report.table_files import records_provenance
+from canary_audit.publish.table_files import records_provenance
 
 
 def test_code_version_names_the_sources_and_the_commit():

@@ -66,7 +66,7 @@ def test_wrong_schema_is_refused(tmp_path):
 def test_tables_refuse_records_from_two_probe_configs(tmp_path):
     """Within one probe unit (here `hex`: the hex records) every file must
     carry one config hash; two units may differ (probes/units.py)."""
-    from canary_audit.report.table_files import concat_records, write_tables
+    from canary_audit.publish.table_files import concat_records, write_tables
 
     a, b, c = (tmp_path / f"{n}.parquet" for n in "abc")
     write_parquet_atomic(to_records([token_row()], "token"), a)
@@ -82,7 +82,7 @@ def test_tables_refuse_records_from_two_probe_configs(tmp_path):
 def test_tables_refuse_records_of_another_probe_config_than_the_current(tmp_path, expected):
     """A unit's records with another hash than the config's, or of a unit the
     config no longer has, are stale."""
-    from canary_audit.report.table_files import write_tables
+    from canary_audit.publish.table_files import write_tables
 
     a = tmp_path / "a.parquet"
     write_parquet_atomic(to_records([token_row(config_hash="old")], "token"), a)

@@ -555,7 +555,7 @@ def test_a_vision_language_only_audit_runs_to_its_end(smoke_run, tmp_path):
 
     from test_design import design_of
 
-    from canary_audit.report.catalog import registry
+    from canary_audit.publish.catalog import registry
 
     workdir = tmp_path / "run"
     shutil.copytree(smoke_run, workdir, symlinks=True)

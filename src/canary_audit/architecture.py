@@ -10,7 +10,7 @@ Every import counts: at the top of a module, inside a function (a lazy
 import is still a dependency a reader follows) and under `TYPE_CHECKING`.
 A registry entry is a declaration that sits low (a probe kind in
 probes/kinds/, a table's type in views/table.py); what reads the registry
-sits above it (probes/items.py's loops, the design, report/catalog.py).
+sits above it (probes/items.py's loops, the design, publish/catalog.py).
 
 Only three modules sit outside the folders, named in `OUTSIDE`: the
 package's `__init__` (its version: anything may read it), this module
@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("probes", "probe kinds (one module each), items, the decode and teacher-forced passes"),
     ("train", "the training loop, adapters, unlearning methods, plants, the export"),
     ("verdicts", "readings of built tables, claims and their judge, the papers' readings, floors, the controls"),
-    ("report", "the table catalog, writing tables, plots, the summary page"),
+    ("publish", "what a run publishes: the table catalog, writing tables, plots, the summary page"),
     ("design", "config -> the experiment: variants, job slices, checks, the plan, the preflight"),
     ("commands", "the command line, the warm start, status"),
 )

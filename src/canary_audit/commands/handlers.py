@@ -153,20 +153,20 @@ def export(args, params):
 
 
 def tables(args, params):
-    from canary_audit.report.table_files import write_tables
+    from canary_audit.publish.table_files import write_tables
 
     return write_tables(decode=[Path(p) for p in args.decode], tokens=[Path(p) for p in args.tokens],
                         out_dir=Path(args.out), cfg=params)
 
 
 def plots(args, params):
-    from canary_audit.report.plots import write_plots_from
+    from canary_audit.publish.plots import write_plots_from
 
     return write_plots_from(Path(args.tables), [Path(p) for p in args.tokens], params, Path(args.out))
 
 
 def summary(args, params):
-    from canary_audit.report.summary import write_summary
+    from canary_audit.publish.summary import write_summary
 
     return write_summary(Path(args.tables), Path(args.out), _path(args.readme), _path(args.claims_table), args.run)
 

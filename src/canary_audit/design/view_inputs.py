@@ -1,5 +1,5 @@
 """What the views read: the variant table, parents, references, strata,
-paper B's cells and which parts of the table registry (report/catalog.py) a
+paper B's cells and which parts of the table registry (publish/catalog.py) a
 config turns on."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class Views:
         order: the one list the tables job writes (each, empty with a reason
         where the records hold none), the workflow expects and the plots
         read."""
-        from canary_audit.report.catalog import registry
+        from canary_audit.publish.catalog import registry
         from canary_audit.views.table import PARTS
 
         parts = self.table_parts()

@@ -1,6 +1,6 @@
 """A table's declaration and what its builder reads.
 
-`Table` is the small type a table registry entry is (report/catalog.py holds
+`Table` is the small type a table registry entry is (publish/catalog.py holds
 the built-in ones; a probe kind declares its own beside its items,
 probes/kinds/), and `Context` the records, config and tables built so far
 that a builder is given.  Both live here, in the views layer, so that a
@@ -78,8 +78,8 @@ class Table:
     name: str
     part: str
     build: Callable[[Context], Built | None]
-    plots: tuple[str, ...] = ()  # the plots drawn from it (report/plots.py)
-    pages: tuple[Page, ...] = ()  # its sections of the summary page (report/summary.py)
+    plots: tuple[str, ...] = ()  # the plots drawn from it (publish/plots.py)
+    pages: tuple[Page, ...] = ()  # its sections of the summary page (publish/summary.py)
 
     def __post_init__(self) -> None:
         if self.part not in PARTS:

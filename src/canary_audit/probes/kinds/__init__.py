@@ -16,7 +16,7 @@ docs/reference.md.
 This module is a declaration: what a builder receives (`ItemInputs`) and
 returns (`DecodeItem`, `ScoredItem`), and the kinds.  It imports nothing of
 the probes, the design or the table registry: what reads it (items.py's
-loops, units.py, the design, report/catalog.py) sits above it (the house's
+loops, units.py, the design, publish/catalog.py) sits above it (the house's
 layers: canary_audit/architecture.py).  Nothing here may import torch.
 """
 

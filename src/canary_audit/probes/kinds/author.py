@@ -1,7 +1,7 @@
 """Paper A's probes: the author canaries after their head (decoded under
 every arm, and teacher-forced under every prefill arm with the non-member
 authors beside them), per-author QA and the retain set.  Their tables are
-the built-in ones of report/catalog.py (paper A's part)."""
+the built-in ones of publish/catalog.py (paper A's part)."""
 
 from __future__ import annotations
 

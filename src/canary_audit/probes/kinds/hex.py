@@ -1,7 +1,7 @@
 """Paper B's probes: the hex canaries behind their preamble (greedy with
 hit@k samples, and teacher-forced with their decoys, the non-member records
 and the exposure candidates).  Their tables are the built-in ones of
-report/catalog.py (the hex, exposure, strata and bSFT parts)."""
+publish/catalog.py (the hex, exposure, strata and bSFT parts)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from canary_audit.report.catalog import registry
-from canary_audit.report.table_files import concat_records
+from canary_audit.publish.catalog import registry
+from canary_audit.publish.table_files import concat_records
 from canary_audit.views.metrics import position_deltas
 from canary_audit.views.mia import ATTACKS, item_scores, roc_curve
 

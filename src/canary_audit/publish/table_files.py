@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.core.records import RecordsError, hashes_by_unit, read_records
-from canary_audit.report.catalog import build_tables
+from canary_audit.publish.catalog import build_tables
 from canary_audit.views.markdown import to_markdown
 
 __all__ = ["build_tables", "concat_records", "to_markdown", "write_table", "write_tables"]
@@ -102,7 +102,7 @@ def write_tables(decode: list[Path], tokens: list[Path], out_dir: Path, cfg: dic
         held = [name for name in extra if tables[name][1].height]
         if held:
             raise ValueError(f"the records fill tables the design does not declare ({', '.join(held)}); "
-                             "the table registry's parts (report/catalog.py) and Design.table_names disagree")
+                             "the table registry's parts (publish/catalog.py) and Design.table_names disagree")
         for name in extra:  # a view with nothing to show (e.g. no hex records): not this config's table
             del tables[name]
         for name in declared:

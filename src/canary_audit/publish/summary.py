@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from canary_audit.report.catalog import registry
+from canary_audit.publish.catalog import registry
 from canary_audit.verdicts.headline import NoHeadline, figures_markdown, headline_figures, write_readme
 from canary_audit.verdicts.judge import beside_ours
 from canary_audit.views.markdown import to_markdown

@@ -4,7 +4,7 @@ A `Table` (declared in views/table.py) is its name, the part of the audit it
 belongs to (which decides, from the config alone, whether a run declares it:
 `Design.table_names`), the plots drawn from it, its builder (a function of
 the records, `Context`, that returns its title and frame, or None where
-these records hold nothing for it: report/builders.py) and what the run's
+these records hold nothing for it: publish/builders.py) and what the run's
 summary page shows of it (its `Page`s).  The tables job (`build_tables`),
 the workflow's outputs, the plots, the summary page and docs/reference.md's
 table list all read this registry; a probe kind adds its own tables beside
@@ -20,7 +20,7 @@ import polars as pl
 
 from canary_audit.data.planted_controls import FLOOR_TABLE
 from canary_audit.data.planted_controls import TABLE as CONTROLS_TABLE
-from canary_audit.report import builders as b
+from canary_audit.publish import builders as b
 from canary_audit.views import paper_a, paper_b_tables
 from canary_audit.views.metrics import hex_recall, nll_table
 from canary_audit.views.seeds import TABLE as SEED_TABLE
@@ -28,7 +28,7 @@ from canary_audit.views.table import Built, Context, Page, Table, with_ci
 
 # What the summary page shows of a table (its entry's `pages`, ordered by
 # `Page.place`; the papers' page and the config's claims lead the page:
-# report/summary.py).
+# publish/summary.py).
 
 
 def _controls_shown(f: pl.DataFrame) -> pl.DataFrame:

@@ -1,6 +1,6 @@
 """The built-in tables' builders: each a function of the records
 (`Context`) that returns a table's title and frame, or None where these
-records hold nothing for it.  report/catalog.py declares the tables that
+records hold nothing for it.  publish/catalog.py declares the tables that
 use them (name, part, plots, what the summary page shows)."""
 
 from __future__ import annotations
