@@ -221,3 +221,28 @@ def test_every_selector_key_is_a_field_the_designs_variants_carry():
     design = design_of({})
     fields = fields_of(design.variant_table(), design.cells())
     assert set(SELECTOR_KEYS) <= {key for f in fields.values() for key in f}
+
+
+def test_a_claim_past_a_measures_ceiling_names_the_measure_that_reaches_it():
+    """Rank-interpolated exposure reads at most log2 of the candidates (9.97
+    bits of 1,000): "above 20 bits" is not judged `fails` by it (it would
+    fail whatever the model did) but refused as past its ceiling, naming the
+    extrapolated exposure (64 bits), which judges the same claim."""
+    variants = {"m/canary-s0": {"model": "m", "kind": "canary", "seed": 0, "parent": "m/base"}}
+    row = {"variant": "m/canary-s0", "modality": "text", "exposure_interpolation": 9.97,
+           "exposure_interpolation_lo": 9.97, "exposure_interpolation_hi": 9.97, "ceiling_interpolation": 9.9658,
+           "exposure_extrapolation": 43.5, "exposure_extrapolation_lo": 42.7, "exposure_extrapolation_hi": 44.4,
+           "ceiling_extrapolation": 64.0}
+    run = Run(None, {"variants": variants}, {"exposure": pl.DataFrame([row])})
+    claim = {"id": "x", "sentence": "the canary LoRA's exposure exceeds 20 bits", "measure": "exposure",
+             "variants": {"kind": "canary"}, "compare": 20, "expect": "higher"}
+    past = claims_table(run, parse([claim])).row(0, named=True)
+    assert past["verdict"] == UNMEASURABLE
+    assert "20 lies at or past `exposure`'s ceiling on this row (9.97" in past["why"]
+    assert "name `exposure_extrapolation`" in past["why"] and "up to 64" in past["why"]
+    reached = claims_table(run, parse([{**claim, "measure": "exposure_extrapolation"}])).row(0, named=True)
+    assert reached["verdict"] == HOLDS and reached["estimate"] == 43.5
+    within = claims_table(run, parse([{**claim, "compare": 5}])).row(0, named=True)  # below the ceiling: judged
+    assert within["verdict"] == HOLDS
+    band = {**claim, "compare": None, "expect": {"value": 30, "tolerance": 5}}
+    assert claims_table(run, parse([band])).row(0, named=True)["verdict"] == UNMEASURABLE

@@ -147,7 +147,7 @@ def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
 
     tables = tmp_path / "tables"
     tables.mkdir()
-    pl.DataFrame({"template": ["bio"], "run": ["npo"], "k": [0], **{
+    pl.DataFrame({"template": ["bio"], "run": ["npo"], "seed": [0], "k": [0], **{
         f"{c}{end}": [0.5] for c in ("out_acc", "thk_leak", "gap") for end in ("", "_lo", "_hi")}}).write_csv(
         tables / "k_sweep.csv")
     with pytest.raises(FileNotFoundError, match="view_config.json"):
@@ -157,6 +157,7 @@ def test_summary_states_the_ci_level_the_tables_were_computed_at(tmp_path):
     assert rows["K sweep"] == 1 and rows["The papers' numbers beside this run"] == 10
     page = (tmp_path / "results.md").read_text()
     assert "(author-clustered bootstrap 90% CIs)" in page and "95%" not in page
+    assert "| template | run | seed | k |" in page  # several seeds' rows tell their seed
     # Not a run of the default audit: no README figures, and `--readme` is refused
     # (naming what is missing) before the README is touched.
     assert "Figures the README quotes" not in page

@@ -108,7 +108,7 @@ BUILT_IN: tuple[Table, ...] = (
         pages=(Page(
             3, "K sweep", "AUTO arm along each unlearning run; K = 0 is the memorized adapter (author-clustered "
             "bootstrap {ci} CIs).", lambda f: with_ci(f, ["out_acc", "thk_leak", "gap"]).select(
-                "template", "run", "k", "out_acc", "thk_leak", "gap")),)),
+                "template", "run", "seed", "k", "out_acc", "thk_leak", "gap")),)),
     Table("cross_seed", "paper_a", b.with_variants(lambda c: (
         "Cross-seed replication of the K sweep (AUTO arm)", paper_a.cross_seed(c.sweep)))),
     Table("templates", "paper_a", b.with_variants(lambda c: (

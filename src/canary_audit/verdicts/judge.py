@@ -152,6 +152,9 @@ def _value_measure(run: Run, measure: Measure, claim: Claim, fields: dict) -> Ju
     points, missing = [], []
     for name in names:
         row = _row(run, measure, claim, name)
+        past = _past_ceiling(measure, claim, row)
+        if past:
+            return Judged("", UNMEASURABLE, past, f"{measure.table}: {name}")
         versus = _versus(run, measure, claim, name, fields)
         if row is None or row.get(measure.column) is None or versus is None:
             missing.append(name)
@@ -191,6 +194,25 @@ def _value_measure(run: Run, measure: Measure, claim: Claim, fields: dict) -> Ju
         verdict, why = FAILS, f"no seed reads it; the {how} {_why(claim, pooled, points[0].versus)}"
     return Judged(f"{_ci(estimate, lo, hi)} over {len(points)} seeds", verdict, why, points[0].source, len(points),
                   per_seed, estimate, lo, hi)
+
+
+def _past_ceiling(measure: Measure, claim: Claim, row: dict | None) -> str:
+    """Why a claim stated at or past the measure's ceiling on this row
+    cannot be judged by it ("" where it can): every value the measure reads
+    lies at or below its ceiling, so "higher than" a number past it always
+    fails and "lower than" it always holds, whatever the model did."""
+    if measure.ceiling is None or row is None or row.get(measure.ceiling) is None:
+        return ""
+    stated = (claim.compare if isinstance(claim.compare, int | float) and not isinstance(claim.compare, bool)
+              else claim.expect["value"] - claim.expect["tolerance"] if isinstance(claim.expect, dict) else None)
+    ceiling = float(row[measure.ceiling])
+    if stated is None or stated < ceiling:
+        return ""
+    other = MEASURES.get(measure.reaches) if measure.reaches else None
+    reach = (f"; name `{other.name}` ({other.doc}), which reads up to {float(row[other.ceiling]):.3g}"
+             if other and other.ceiling and row.get(other.ceiling) is not None else "; no measure reads past it")
+    return (f"{stated:g} lies at or past `{measure.name}`'s ceiling on this row ({ceiling:.3g}, column "
+            f"`{measure.ceiling}`): it cannot read a value above it{reach}")
 
 
 def _pooled(run: Run, measure: Measure, claim: Claim, name: str,

@@ -11,8 +11,12 @@ Two kinds, one registry, one judge (judge.py):
   (verdicts/papers.py: a parser flip, a head-echo share, a case study of the bSFT
   grid), which judge their own effect; a claim expects it `read`.
 
-`control` names the planted control that calibrates a measure (data/planted_controls.py
-`CLAIMS`), `floor` whether the detection floor (verdicts/controls.py) bounds
+`ceiling` names the column of its table that holds the most it can read
+on a row (rank-interpolated exposure: log2 of the candidates), and
+`reaches` the measure that reads past it; a claim stated at or past the
+ceiling cannot be judged by it (judge.py).  `control` names the planted
+control that calibrates a measure (data/planted_controls.py `CLAIMS`),
+`floor` whether the detection floor (verdicts/controls.py) bounds
 what it can see, `pooled` its column in the across_seeds table (a seed x
 item bootstrap) where several training seeds are pooled.
 """
@@ -40,6 +44,8 @@ class Measure:
     control: str | None = None
     floor: bool = False
     read: Callable[[Run, list[str], dict], Ours] | None = None
+    ceiling: str | None = None  # the table's column holding the measure's ceiling on a row
+    reaches: str | None = None  # the measure that reads past that ceiling
 
     @property
     def comparisons(self) -> tuple[str, ...]:
@@ -47,8 +53,10 @@ class Measure:
         return () if self.read else COMPARISONS
 
 
-def _value(name, doc, table, column, *, rows=None, where=(), pooled=None, control=None) -> Measure:
-    return Measure(name, doc, table, column, rows or {}, tuple(where) + tuple(rows or {}), pooled, control)
+def _value(name, doc, table, column, *, rows=None, where=(), pooled=None, control=None, ceiling=None,
+           reaches=None) -> Measure:
+    return Measure(name, doc, table, column, rows or {}, tuple(where) + tuple(rows or {}), pooled, control,
+                   ceiling=ceiling, reaches=reaches)
 
 
 def _reading(name, doc, read, *, control=None, floor=False) -> Measure:
@@ -85,8 +93,12 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
            rows={"attack": "loss"}, where=("population", "arm", "modality")),
     _value("privleak", "MUSE PrivLeak of Min-K%, % against the never-trained reference (privacy)", "privacy",
            "privleak_min_k", where=("population", "arm", "modality")),
-    _value("exposure", "Secret Sharer exposure, bits, rank interpolation (exposure)", "exposure",
-           "exposure_interpolation", where=("modality",)),
+    _value("exposure", "Secret Sharer exposure, bits, rank interpolation, at most log2 of the candidates "
+           "(exposure)", "exposure", "exposure_interpolation", where=("modality",), ceiling="ceiling_interpolation",
+           reaches="exposure_extrapolation"),
+    _value("exposure_extrapolation", "Secret Sharer exposure, bits, skew-normal extrapolation of the candidates' "
+           "scores, at most the secret space's bits (exposure)", "exposure", "exposure_extrapolation",
+           where=("modality",), ceiling="ceiling_extrapolation"),
     _value("extraction_strength", "open-unlearning's extraction strength over the secret span (extraction)",
            "extraction", "extraction_strength", where=("probe_set", "arm", "modality")),
     _value("kextract", "k-extractability: the share of canaries greedy decoding from k tokens reproduces (kextract)",
