@@ -70,3 +70,9 @@ def test_modules_stay_small_and_the_command_line_thin():
             > LONGEST_MODULE}
     assert long == {}, f"modules over {LONGEST_MODULE} lines: split them by what they hold"
     assert len((src / "commands" / "cli.py").read_text().splitlines()) <= LONGEST_CLI
+
+
+def test_the_performance_page_holds_current_figures_only():
+    """docs/performance.md keeps each figure's latest run (git keeps the
+    history): a page a reader reads through."""
+    assert len((ROOT / "docs" / "performance.md").read_text().splitlines()) <= 200

@@ -193,7 +193,8 @@ def test_summary_page_is_written_from_the_runs_tables(smoke_run, tmp_path):
         assert f"## {title}" in text, title
     assert f"`{code_version()}`" in text
     sweep = pl.read_csv(tables / "k_sweep.csv").row(0, named=True)
-    assert f"| {sweep['template']} | {sweep['run']} | {sweep['k']} | {round(sweep['out_acc'], 2)} [" in text
+    keys = " | ".join(str(sweep[k]) for k in ("template", "run", "seed", "k"))  # the K sweep carries the seed
+    assert f"| {keys} | {round(sweep['out_acc'], 2)} [" in text
 
 
 def test_the_readme_short_result_is_rewritten_from_the_runs_figures(smoke_run, tmp_path):
