@@ -1,7 +1,8 @@
 """The experiment a validated config describes (`Design`): its unlearning runs,
 its models and templates, and the parts below, each a module of its own:
-variant enumeration (`variants`, `imported`), job slices (`slices`), what
-the views read (`views`) and the cross-key checks (`checks`)."""
+variant enumeration (`variants`, `imported`), job slices (`slices`), each
+rule's slice (`rule_slices`), what the views read (`view_inputs`) and the
+cross-key checks (`checks`)."""
 
 from __future__ import annotations
 

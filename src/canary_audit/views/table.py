@@ -25,7 +25,7 @@ from canary_audit.views.mia import item_scores, settings
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
 
-# The parts of the audit a config turns on (design/views.Views.table_names):
+# The parts of the audit a config turns on (design/view_inputs.Views.table_names):
 # paper A's author probes, pooling over seeds, the planted controls, the
 # detection floor, the hex probes (with their exposure candidates and
 # repetition strata), paper B's bSFT grid (and its merged-vs-stacked pairs),
