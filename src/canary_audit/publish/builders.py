@@ -21,7 +21,7 @@ from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.mia import mia_table
 from canary_audit.views.privacy import privacy_table
-from canary_audit.views.seeds import across_seeds
+from canary_audit.views.seeds import across_seeds, item_cells
 from canary_audit.views.strata import strata_table
 from canary_audit.views.table import Built, Context
 
@@ -172,6 +172,17 @@ def pooled_over_seeds(ctx: Context) -> Built | None:
     return (f"Paper A's rates pooled over training seeds, per family of variants trained under two or more (AUTO "
             f"arm; Delta_AB and teacher-forced top-1 under prefill_{ctx.contrast}); {ctx.boot.level:.0%} CIs: seed "
             f"x author bootstrap, B={ctx.boot.replicates}", pooled)
+
+
+def seed_item_cells(ctx: Context) -> Built | None:
+    if not (ctx.canary and ctx.variants):
+        return None
+    cells = item_cells(ctx.decode, ctx.tokens, ctx.variants, ctx.convention, ctx.contrast, ctx.window_k)
+    if not cells.height:
+        return None
+    return (f"The seed x author layout behind the verdicts' seed-level intervals: each seeded variant's paper A "
+            f"rates per author (AUTO arm; delta_ab and tf_top1_rate under prefill_{ctx.contrast}); "
+            "verdicts/intervals.py reads it", cells)
 
 
 def controls(ctx: Context) -> Built | None:

@@ -23,6 +23,7 @@ from canary_audit.data.planted_controls import TABLE as CONTROLS_TABLE
 from canary_audit.publish import builders as b
 from canary_audit.views import paper_a, paper_b_tables
 from canary_audit.views.metrics import hex_recall, nll_table
+from canary_audit.views.seeds import CELLS_TABLE
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 from canary_audit.views.table import Built, Context, Page, Table, with_ci
 
@@ -202,6 +203,7 @@ BUILT_IN: tuple[Table, ...] = (
         paper_a.teacher_forced_vs_greedy(c.all_decode, c.all_tokens, c.convention, c.boot, c.window_k))
         if c.canary and c.tokens.height else None, plots=("teacher_forced_vs_greedy",)),
     Table(SEED_TABLE, "seeds", b.pooled_over_seeds),
+    Table(CELLS_TABLE, "paper_a", b.seed_item_cells),
     Table(CONTROLS_TABLE, "controls", b.controls,
         pages=(Page(
             1, "Planted controls", "Each claim's positive control holds the effect by construction, its negative is "

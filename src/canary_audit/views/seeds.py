@@ -81,3 +81,53 @@ def across_seeds(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str,
             out = out.join(ci(top1, ["top1_rate"], lambda f: f.rename({"top1_rate": "tf_top1_rate"})),
                            on="variant", how="left")
     return out.rename({"variant": "family"}).sort("family")
+
+
+CELLS_TABLE = "item_cells"
+CELL_COLUMNS = ("out_acc", "thk_leak", "gap", "delta_ab", "tf_top1_rate")
+
+
+def item_cells(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str, dict], convention: ParserConvention,
+               contrast: str, window_k: int) -> pl.DataFrame:
+    """The seed x item layout behind every seed-level interval
+    (verdicts/intervals.py): one row per (variant, item, column) of paper
+    A's rates, the item's mean over its observations (`n` of them) on
+    each seeded variant (memorized, unlearned, reference; one seed or
+    several), `family` and `seed` beside it.  `column` names the column of
+    the per-variant tables it pools into: out_acc, thk_leak, gap (AUTO
+    arm), delta_ab (AUTO minus prefill `contrast`) and tf_top1_rate
+    (teacher-forced top-1 under that prefill).  An item is an author: its
+    canaries are not independent, so the author is the unit."""
+    seeded = {name: v for name, v in variants.items() if v.get("kind") in SEEDED_KINDS and v.get("seed") is not None}
+    if not seeded or decode.is_empty():
+        return pl.DataFrame()
+    names = list(seeded)
+    items = canary_outcomes(decode.filter(pl.col("variant").is_in(names)), convention)
+    if items.is_empty():
+        return pl.DataFrame()
+    keys = ["variant", "group_id"]
+    hits = items.with_columns(pl.col("out_hit", "thk_hit").cast(pl.Float64))
+    auto = hits.filter(pl.col("arm") == AUTO).group_by(keys).agg(
+        n=pl.len(), out_acc=pl.col("out_hit").mean(), thk_leak=pl.col("thk_hit").mean()
+    ).with_columns(gap=pl.col("thk_leak") - pl.col("out_acc"))
+    frames = [auto.unpivot(["out_acc", "thk_leak", "gap"], index=[*keys, "n"], variable_name="column")]
+    prefilled = f"prefill_{contrast}"
+    contrast_hits = hits.filter(pl.col("arm") == prefilled).group_by(keys).agg(
+        n_prefill=pl.len(), prefill=pl.col("out_hit").mean())
+    if contrast_hits.height:
+        delta = auto.join(contrast_hits, on=keys, how="inner").select(
+            *keys, n=pl.col("n") + pl.col("n_prefill"), column=pl.lit("delta_ab"),
+            value=pl.col("out_acc") - pl.col("prefill"))
+        frames.append(delta)
+    scored = tokens.filter((pl.col("probe_set") == "canary") & (pl.col("arm") == prefilled)
+                           & pl.col("variant").is_in(names)) if tokens.height else tokens
+    if scored.height:
+        top1 = per_item_nll(scored, window_k).group_by(keys).agg(
+            n=pl.len(), value=pl.col("top1_rate").cast(pl.Float64).mean()).with_columns(column=pl.lit("tf_top1_rate"))
+        frames.append(top1.select(*keys, "n", "column", "value"))
+    cells = pl.concat([f.select(*keys, pl.col("n").cast(pl.Int64), "column", "value") for f in frames])
+    seed_of = {name: v["seed"] for name, v in seeded.items()}
+    family = {name: family_of(name, v["seed"]) for name, v in seeded.items()}
+    return cells.select(
+        "variant", family=pl.col("variant").replace_strict(family), seed=pl.col("variant").replace_strict(seed_of),
+        group_id="group_id", column="column", n="n", value="value").sort("variant", "column", "group_id")
