@@ -1,12 +1,12 @@
 """Claims a researcher declares (canary_audit/claims): judged from tables
-alone into holds, fails, seed-dependent, below the floor or not measurable
-(hand-built tables), bad claims refused naming their key, the papers' page
-produced from the two shipped claim files with 1c6ecfc's verdicts on the
-default run, and the README's example claim file judged over a run."""
+alone by one rule into holds, contradicted, inconclusive, seed-dependent or
+not testable, with a borderline flag and a family's Holm step (hand-built
+tables), bad claims refused naming their key, the papers' page equal to a
+user's claim file of the same claims, and the README's example claim file
+judged over a run."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,15 +16,20 @@ import pytest
 import yaml
 
 from canary_audit.verdicts.claims import ClaimError, check_selectors, fields_of, paper_claims, parse
-from canary_audit.verdicts.judge import (
-    FAILS,
-    FLOOR,
+from canary_audit.verdicts.decision import (
+    BORDERLINE,
+    CONTRADICTED,
     HOLDS,
-    SEEDS,
-    UNMEASURABLE,
-    beside_ours,
-    claims_table,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    SEED_DEPENDENT,
+    VERDICTS,
+    Claimed,
+    decide,
+    holm,
 )
+from canary_audit.verdicts.intervals import CONTINUOUS, Interval
+from canary_audit.verdicts.judge import BELOW_FLOOR, beside_ours, claims_table
 from canary_audit.verdicts.measures import MEASURES
 from canary_audit.verdicts.readings import Run
 
@@ -37,10 +42,11 @@ def variant(seed: int, k: int = 20) -> dict:
             "k": k, "parent": f"m/mem-bio-s{seed}"}
 
 
-def run_of(leak: dict[int, tuple[float, float, float]], pooled=None, floor=None, cells=()) -> Run:
+def run_of(leak: dict[int, tuple[float, float, float]], pooled=None, floor=None, cells=(), items=None) -> Run:
     """A run whose NPO checkpoint's AUTO out_acc per seed is `leak`
     (value, lo, hi), its memorized parents' at 0.9; optionally the pooled
-    across_seeds row, a detection floor and bSFT cells."""
+    across_seeds row, a detection floor, bSFT cells and the item cells
+    (`items`: seed -> each author's out_acc, the parents' all 1)."""
     variants = {f"m/npo-bio-s{s}-k20": variant(s) for s in leak}
     variants |= {f"m/mem-bio-s{s}": {"model": "m", "kind": "memorized", "template": "bio", "seed": s, "parent": None}
                  for s in leak}
@@ -62,6 +68,11 @@ def run_of(leak: dict[int, tuple[float, float, float]], pooled=None, floor=None,
                                               for i, d in enumerate(cells)])
         variants |= {f"m/bsft-c{i}": {"model": "m", "kind": "bsft", "seed": 0, "parent": "m/merged-s0"}
                      for i in range(len(cells))}
+    if items:
+        frames["item_cells"] = pl.DataFrame(
+            [{"variant": f"m/{kind}-s{s}" + ("-k20" if kind == "npo-bio" else ""), "family": "", "seed": s,
+              "group_id": f"a{i:02d}", "column": "out_acc", "n": 1, "value": v if kind == "npo-bio" else 1.0}
+             for s, values in items.items() for kind in ("npo-bio", "mem-bio") for i, v in enumerate(values)])
     return Run(None, {"variants": variants}, frames)
 
 
@@ -73,42 +84,100 @@ def judged(run: Run, **change) -> dict:
     return claims_table(run, parse([{**LOWER, **change}])).row(0, named=True)
 
 
-def test_a_claim_that_holds_and_one_that_fails():
+def authors(share: float, n: int = 40) -> list[float]:
+    """n authors' out_acc cells, the first `share` of them 1 (leaked)."""
+    return [1.0 if i < round(share * n) else 0.0 for i in range(n)]
+
+
+def test_a_claim_that_holds_and_one_that_is_contradicted():
     held = judged(run_of({0: (0.3, 0.2, 0.4)}))
     assert held["verdict"] == HOLDS and held["seeds"] == 1 and "one training seed" in held["why"]
-    assert held["estimate"] == 0.3 and held["source"] == "canary_leakage: m/npo-bio-s0-k20 vs m/mem-bio-s0"
-    failed = judged(run_of({0: (0.85, 0.7, 0.95)}))  # the CI reaches the parent's 0.9
-    assert failed["verdict"] == FAILS and "reaches 0.9" in failed["why"]
-    assert judged(run_of({0: (0.3, 0.2, 0.4)}), expect="higher")["verdict"] == FAILS
+    assert held["estimate"] == pytest.approx(-0.6)
+    assert held["source"] == "canary_leakage: m/npo-bio-s0-k20 vs m/mem-bio-s0 (no `item_cells` table in this run)"
+    assert "smallest effect detectable at 80% power" in held["power"]
+    against = judged(run_of({0: (0.3, 0.2, 0.4)}), expect="higher")
+    assert against["verdict"] == CONTRADICTED and "lies below 0" in against["why"]
     within = judged(run_of({0: (0.02, 0.0, 0.05)}), compare=None, expect={"value": 0.0, "tolerance": 0.1})
-    assert within["verdict"] == HOLDS
+    assert within["verdict"] == HOLDS and "TOST" in within["why"]
 
 
-def test_seeds_that_disagree_and_seeds_that_agree():
-    agree = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.35, 0.25, 0.45), 2: (0.2, 0.1, 0.3)}))
-    assert agree["verdict"] == HOLDS and agree["seeds"] == 3 and "t interval" in agree["why"]
-    assert agree["per_seed"] == "s0: 0.3 [0.2, 0.4]; s1: 0.35 [0.25, 0.45]; s2: 0.2 [0.1, 0.3]"
-    split = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.99, 0.95, 1.0), 2: (0.3, 0.2, 0.4)}))
-    assert split["verdict"] == SEEDS and "s1 against the claim" in split["why"]
-    some = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.8, 0.6, 0.95), 2: (0.3, 0.2, 0.4)}))
-    assert some["verdict"] == SEEDS and "2 of 3 seeds" in some["why"]
-    # against a fixed number the pooled across_seeds row (seed x item bootstrap) is the seed-level CI
-    pooled = judged(run_of({0: (0.3, 0.2, 0.4), 1: (0.35, 0.25, 0.45)}, pooled=(0.32, 0.25, 0.4)), compare=0.5)
-    assert pooled["verdict"] == HOLDS and "pooled CI" in pooled["why"] and pooled["estimate"] == 0.32
+def test_item_cells_give_the_crossed_interval_and_the_power():
+    """Three seeds x 40 authors: the paired difference against the parent,
+    its interval named, the power statement with what the effect needs."""
+    run = run_of({s: (0.3, 0.2, 0.4) for s in range(3)}, items={s: authors(0.3) for s in range(3)})
+    held = judged(run, effect=-0.5)
+    assert held["verdict"] == HOLDS and held["seeds"] == 3 and held["estimate"] == pytest.approx(-0.7)
+    assert "variance components (Clark 1973) over 3 seeds x 40 items" in held["interval"]
+    assert held["per_seed"] == "s0: -0.7; s1: -0.7; s2: -0.7" and held["qualifier"] == "larger than the stated effect"
+    # a small effect that the run cannot see: inconclusive, with what would see it
+    faint = run_of({s: (0.9, 0.8, 1.0) for s in range(3)},
+                   items={0: authors(0.95), 1: authors(1.0), 2: authors(0.975)})
+    unseen = judged(faint, effect=-0.03)
+    assert unseen["verdict"] == INCONCLUSIVE and "covers 0" in unseen["why"]
+    assert "the stated effect -0.03 needs" in unseen["power"] and "upper 80% limit" in unseen["power"]
 
 
-def test_a_claim_below_the_floor_and_one_not_measurable():
+def test_seeds_on_both_sides_are_seed_dependent_and_one_significant_seed_is_not():
+    """Gail-Simon on the seed x author layout: seed 1 raising out_acc while
+    seeds 0 and 2 lower it is heterogeneity in direction; seeds that all
+    lower it, one by much and one by little, are not."""
+    split = run_of({s: (0.5, 0.4, 0.6) for s in range(3)}, items={0: authors(0.1), 1: authors(1.0), 2: authors(0.1)})
+    both = {s: [v if s != 1 else (1.0 if i % 2 else 0.0) for i, v in enumerate(authors(0.1))] for s in range(3)}
+    both[1] = authors(1.0)
+    # the parents all 1: seed 1's Delta is 0 (not the other side) -> lower the parent: use a raise over 0 instead
+    rows = split.frames["item_cells"].with_columns(
+        value=pl.when((pl.col("seed") == 1) & pl.col("variant").str.contains("mem")).then(0.0).otherwise("value"))
+    split.frames["item_cells"] = rows
+    het = judged(split)
+    assert het["verdict"] == SEED_DEPENDENT and "Gail-Simon" in het["why"]
+    one = judged(run_of({s: (0.5, 0.4, 0.6) for s in range(3)},
+                        items={0: authors(0.1), 1: authors(0.9), 2: authors(0.1)}))
+    assert one["verdict"] != SEED_DEPENDENT and "Gail-Simon" in one["heterogeneity"]
+
+
+def test_borderline_flags_a_verdict_and_tost_contradicts_an_effect():
+    """A CI end within the stated margin of the null flags `borderline`
+    beside the verdict; a 90% CI inside the equivalence band contradicts a
+    claim of an effect (TOST); the family's Holm step can leave an interval
+    that excludes its null inconclusive."""
+    interval = Interval(0.10, CONTINUOUS, None, "t", 0.045, 1e9)  # 95% CI [0.012, 0.188]
+    claimed = Claimed(0.0, "higher")
+    assert decide(interval, claimed).verdict == HOLDS and not decide(interval, claimed).borderline
+    edge = decide(interval, claimed, margin=0.02)
+    assert edge.verdict == HOLDS and edge.borderline and BORDERLINE == "borderline"
+    flat = Interval(0.0, CONTINUOUS, None, "t", 0.01, 1e9)
+    assert decide(flat, Claimed(0.0, "higher", equivalence=0.05)).verdict == CONTRADICTED
+    assert decide(flat, Claimed(0.0, "higher")).verdict == INCONCLUSIVE
+    family = holm([0.03, 0.04, 0.001])
+    assert family == pytest.approx([0.06, 0.06, 0.003])
+    held = decide(interval, claimed, p_adjusted=0.06, adjusted="3 claims")
+    assert held.verdict == INCONCLUSIVE and "Holm-adjusted p = 0.06" in held.why
+
+
+def test_a_family_is_adjusted_by_holm():
+    run = run_of({s: (0.3, 0.2, 0.4) for s in range(3)}, items={s: authors(0.3) for s in range(3)})
+    claims = parse([LOWER, {**LOWER, "id": "two", "expect": "higher"}])
+    table = claims_table(run, claims, family="mine")
+    assert table["family"].to_list() == ["mine", "mine"]
+    assert table["p_holm"][0] >= table["p_value"][0] and table["verdict"].to_list() == [HOLDS, CONTRADICTED]
+
+
+def test_a_reading_below_the_floor_is_inconclusive_and_one_not_measurable():
     claim = {"id": "c3", "sentence": "C3 shows", "measure": "window_truncation", "variants": {"kind": "bsft"},
              "expect": "read", "effect_share": 0.12}
     below = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.5, cells=("agree", "agree")), parse([claim])).row(
         0, named=True)
-    assert below["verdict"] == FLOOR and "below this run's detection floor (50%)" in below["why"]
+    assert below["verdict"] == INCONCLUSIVE and below["qualifier"] == BELOW_FLOOR
+    assert "below this run's detection floor (50%)" in below["power"]
     above = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.05, cells=("agree",)), parse([claim])).row(0, named=True)
-    assert above["verdict"] == FAILS and "is above this run's detection floor" in above["why"]
+    assert above["verdict"] == CONTRADICTED and "is above this run's detection floor" in above["power"]
+    unsure = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.05, cells=("agree", "inconclusive")),
+                          parse([claim])).row(0, named=True)
+    assert unsure["verdict"] == INCONCLUSIVE  # a cell that could not tell: not against the paper
     seen = claims_table(run_of({0: (0.3, 0.2, 0.4)}, floor=0.5, cells=("window truncation",)), parse([claim]))
     assert seen["verdict"][0] == HOLDS
     missing = judged(run_of({0: (0.3, 0.2, 0.4)}), measure="exposure", compare=0, expect="higher")
-    assert missing["verdict"] == UNMEASURABLE and "no `exposure` row" in missing["why"]
+    assert missing["verdict"] == NOT_TESTABLE and "no `exposure` row" in missing["why"]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -150,24 +219,20 @@ def test_the_papers_claims_are_claims_and_every_measure_is_registered():
     claims = paper_claims()
     assert [c.id for c in claims] == ["a_out_acc", "a_bypass_gap", "a_delta_ab", "a_parser_flip", "a_head_echo",
                                       "a_tf_vs_greedy", "b_c3", "b_c4", "b_c4_merged", "b_c5"]
-    assert all(c.measure in MEASURES and c.paper["value"] and c.paper["where"] for c in claims)
+    assert all(c.measure in MEASURES and c.paper["values"] and c.paper["text"] and c.paper["where"] for c in claims)
 
 
-def test_the_papers_page_on_the_default_equals_1c6ecfcs():
-    """The default run's tables on 1c6ecfc (tests/data/default_1c6ecfc, with
-    the page 1c6ecfc's own code wrote from them): the judge, reading the two
-    shipped claim files, gives every claim the same value, verdict and why,
-    but for the floor C4 and C5 have had since (1c6ecfc's floor is C3's
-    alone, so their why says it has none)."""
+def test_the_papers_page_equals_a_users_claim_of_the_same_measure_variants_and_comparison():
+    """The papers' page and a researcher's claim file holding the same value
+    claims (no `paper` key: the paper's numbers only annotate) print the
+    same value, verdict, qualifier and why: one judge, one rule."""
     page = beside_ours(DEFAULT)
-    want = json.loads((DEFAULT / "papers_page.json").read_text())
-    for row in want:
-        if row["id"] in ("b_c4", "b_c5"):
-            control = {"b_c4": "span_drift", "b_c5": "undertrained"}[row["id"]]
-            row["why"] = row["why"].replace(
-                "; one training", f"; no detection floor for this claim in this run (`{control}`); one training")
-    assert page.select("this_run", "verdict", "why", "seeds").to_dicts() == [
-        {k: w[k] for k in ("this_run", "verdict", "why", "seeds")} for w in want]
+    shipped = yaml.safe_load((ROOT / "src" / "canary_audit" / "verdicts" / "paper_a.yaml").read_text())[:3]
+    own = [{k: v for k, v in c.items() if k != "paper"} for c in shipped]
+    mine = claims_table(Run(DEFAULT), parse(own), family="the papers' value claims")
+    columns = ["this_run", "verdict", "qualifier", "why", "p_holm"]
+    assert page.head(3).select(columns).to_dicts() == mine.select(columns).to_dicts()
+    assert set(page["verdict"]) <= set(VERDICTS)
 
 
 def test_the_readmes_claim_file_is_judged_over_a_finished_run(tmp_path):
@@ -183,7 +248,7 @@ def test_the_readmes_claim_file_is_judged_over_a_finished_run(tmp_path):
     assert out.returncode == 0, out.stderr
     table = pl.read_csv(results / "claims.csv")
     assert table["id"].to_list() == [c["id"] for c in yaml.safe_load((ROOT / "configs" / "claims.yaml").read_text())]
-    assert set(table["verdict"]) <= {HOLDS, FAILS, SEEDS, FLOOR, UNMEASURABLE} and (results / "claims.md").is_file()
+    assert set(table["verdict"]) <= set(VERDICTS) and (results / "claims.md").is_file()
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump([{**LOWER, "variants": {"template": "biography"}}]))
     bad = subprocess.run([sys.executable, "-m", "canary_audit", "claims", "--results", str(results), "--claims",
                           str(tmp_path / "bad.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -237,7 +302,7 @@ def test_a_claim_past_a_measures_ceiling_names_the_measure_that_reaches_it():
     claim = {"id": "x", "sentence": "the canary LoRA's exposure exceeds 20 bits", "measure": "exposure",
              "variants": {"kind": "canary"}, "compare": 20, "expect": "higher"}
     past = claims_table(run, parse([claim])).row(0, named=True)
-    assert past["verdict"] == UNMEASURABLE
+    assert past["verdict"] == NOT_TESTABLE
     assert "20 lies at or past `exposure`'s ceiling on this row (9.97" in past["why"]
     assert "name `exposure_extrapolation`" in past["why"] and "up to 64" in past["why"]
     reached = claims_table(run, parse([{**claim, "measure": "exposure_extrapolation"}])).row(0, named=True)
@@ -245,4 +310,4 @@ def test_a_claim_past_a_measures_ceiling_names_the_measure_that_reaches_it():
     within = claims_table(run, parse([{**claim, "compare": 5}])).row(0, named=True)  # below the ceiling: judged
     assert within["verdict"] == HOLDS
     band = {**claim, "compare": None, "expect": {"value": 30, "tolerance": 5}}
-    assert claims_table(run, parse([band])).row(0, named=True)["verdict"] == UNMEASURABLE
+    assert claims_table(run, parse([band])).row(0, named=True)["verdict"] == NOT_TESTABLE

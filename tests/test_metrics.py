@@ -126,7 +126,7 @@ def test_build_tables_and_markdown():
                                                                      "template": "bio", "seed": 0}}})
     assert set(tables) == {
         "canary_leakage", "k_sweep", "cross_seed", "templates", "prefill_arms", "parser_conventions",
-        "bypass_anatomy",
+        "bypass_anatomy", "item_cells",
     }
     md = to_markdown(tables["canary_leakage"][1])
     assert md.splitlines()[0].startswith("| variant | arm | n | out_acc")

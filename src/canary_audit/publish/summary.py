@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.publish.catalog import registry
+from canary_audit.verdicts.controls import FALSE_ALARM, MISSED
 from canary_audit.verdicts.headline import NoHeadline, figures_markdown, headline_figures, write_readme
 from canary_audit.verdicts.judge import beside_ours
 from canary_audit.views.markdown import to_markdown
@@ -49,10 +50,19 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
     ci = ci_level(tables)
     out = [("The papers' numbers beside this run", "Each headline number of paper A and paper B (a claim of "
             "canary_audit/verdicts/paper_a.yaml or paper_b.yaml, with where it stands in its paper, judged like "
-            "any claim) beside this run's value from the table "
-            f"named in `source` ({ci} CIs). The verdict compares directions, not effect sizes: the embedded "
-            "model is a toy, the papers' are 7B. `planted` says what the claim's planted control read in "
-            "this run (the `controls` table, next).", beside_ours(tables))]
+            "any claim) beside this run's value from the table named in `source`. One rule decides every claim "
+            "(docs/measures.md, \"The decision rule\"), a two-sided test at 5%: `holds` (the CI on the claim's side of "
+            "its null; "
+            "the qualifier compares it with the paper's effect), `contradicted` (on the other side, or inside an "
+            "equivalence band), `inconclusive` (it covers the null; `power` says what the run could have seen, "
+            "or its detection floor), `seed-dependent` (the seeds differ in direction by Gail and Simon's test) "
+            "or `not testable`; `borderline` flags a CI end within the machine-drift margin of its threshold. "
+            "Paper A's three value claims are one family, Holm-adjusted to a family-wise 5% (`p_holm`); the "
+            "readings stand outside it. Value claims' CIs are seed-level (the seed x author layout, normal seed "
+            f"effects assumed); the readings' are the tables' {ci} bootstrap CIs. The embedded model is a toy, "
+            "the papers' are 7B: `small_telescopes` says whether this run's effect is too small for the paper "
+            "to have seen. `planted` says what the claim's planted control read (the `controls` table, next).",
+            beside_ours(tables))]
     pages = sorted(((page, table.name) for table in registry() for page in table.pages), key=lambda p: p[0].place)
     for page, name in pages:
         frame = _read(tables, name)
@@ -60,6 +70,23 @@ def sections(tables: Path) -> list[tuple[str, str, pl.DataFrame]]:
         if section is not None:
             out.append(section)
     return out
+
+
+def failed_calibrations(tables: Path) -> list[str]:
+    """The page's first warning: each planted control whose positive was
+    missed or whose negative raised an alarm, with the claims it calibrates
+    (their verdicts rest on an instrument that failed its check)."""
+    controls = _read(tables, "controls")
+    if controls is None:
+        return []
+    failed = controls.filter((pl.col("positive_verdict") == MISSED) | (pl.col("negative_verdict") == FALSE_ALARM))
+    if failed.is_empty():
+        return []
+    lines = [f"- `{r['claim']}` on {r['model']}" + (f" ({r['modality']})" if r.get("modality") else "")
+             + f": positive {r['positive_verdict']}, negative {r['negative_verdict']}; it calibrates "
+             f"`{r['paper_id']}`" for r in failed.iter_rows(named=True)]
+    return ["**Failed calibration.** A planted control read wrong in this run, so the verdicts of the claims it "
+            "calibrates rest on an instrument that failed its own check:\n\n" + "\n".join(lines) + "\n"]
 
 
 def write_summary(tables: Path, out: Path, readme: Path | None = None, claims: Path | None = None,
@@ -80,16 +107,19 @@ def write_summary(tables: Path, out: Path, readme: Path | None = None, claims: P
         + ". CPU float kernels differ between machines and training amplifies the difference, so another "
         "machine gives other numbers; a verdict drawn from one training seed can read otherwise there "
         "(docs/reliability.md)." + (f" The run: {run}." if run else "") + "\n",
+        *failed_calibrations(tables),
     ]
     rows = {}
     found = sections(tables)
     if claims is not None:
         found.insert(1, ("Your claims", "Each claim of the config's `claims` block judged like the papers' "
-                         "(canary_audit/verdicts/judge.py): the measured value with its seed-level CI, each seed's "
-                         "value, the verdict (holds, fails, seed-dependent, below the floor, not measurable) and "
-                         "what the planted control of its measure read.",
+                         "(canary_audit/verdicts/judge.py), its value claims one family (Holm): the measured value "
+                         "with its seed-level CI, each seed's value, the verdict (holds, contradicted, "
+                         "inconclusive, seed-dependent, not testable; borderline beside it), what the run could "
+                         "have seen and what the planted control of its measure read.",
                          pl.read_csv(claims).select("id", "claim", "measure", "variants", "this_run", "verdict",
-                                                    "why", "seeds", "per_seed", "planted", "floor")))
+                                                    "qualifier", "borderline", "why", "power", "p_holm", "seeds",
+                                                    "per_seed", "planted")))
     for title, sentence, frame in found:
         parts.append(f"## {title}\n\n{sentence}\n\n{to_markdown(frame)}")
         rows[title] = frame.height

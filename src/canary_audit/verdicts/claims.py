@@ -16,8 +16,9 @@ from canary_audit.verdicts.measures import MEASURES
 SELECTOR_KEYS = ("variant", "model", "kind", "method", "run", "template", "k", "seed", "apply", "cell", "source",
                  "step", "application")
 EXPECTATIONS = ("higher", "lower")
-KEYS = ("id", "sentence", "measure", "variants", "where", "compare", "expect", "paper", "effect_share",
-        "effect_size")
+KEYS = ("id", "sentence", "measure", "variants", "where", "compare", "expect", "effect", "equivalence", "paper",
+        "effect_share", "effect_size")
+PAPER_KEYS = ("name", "values", "text", "where", "ci", "n")
 PAPER_FILES = tuple(Path(__file__).with_name(f"paper_{p}.yaml") for p in ("a", "b"))
 
 
@@ -34,9 +35,11 @@ class Claim:
     where: dict = field(default_factory=dict)
     compare: object = None  # number | "parent" | "reference" | {"variants": selector}
     expect: object = None   # "higher" | "lower" | {"value", "tolerance"} | "read"
-    paper: dict | None = None  # the paper's own value, where it stands, its name
+    paper: dict | None = None  # the paper's own values (numbers, per component), its phrasing, where, its CI and n
     effect_share: float | None = None
     effect_size: float | None = None
+    effect: float | None = None  # the effect of interest, on the judged number's scale (a Delta for `parent`)
+    equivalence: float | None = None  # a band +- this about the null where no effect matters (TOST)
 
     @property
     def key(self) -> str:
@@ -68,7 +71,8 @@ def parse(entries, origin: str = "claims") -> list[Claim]:
                 raise ClaimError(f"`{where}.{key}` is missing: say the {key} the claim tests")
         claim = Claim(entry["id"], entry["sentence"], entry["measure"], dict(entry.get("variants") or {}),
                       dict(entry.get("where") or {}), entry.get("compare"), entry.get("expect"), entry.get("paper"),
-                      entry.get("effect_share"), entry.get("effect_size"))
+                      entry.get("effect_share"), entry.get("effect_size"), entry.get("effect"),
+                      entry.get("equivalence"))
         check(claim)
         out.append(claim)
     return out
@@ -100,6 +104,9 @@ def check(claim: Claim) -> None:
     if bad:
         raise ClaimError(f"`{claim.key}.where` sets {bad}: measure `{measure.name}` reads rows by "
                          f"{', '.join(measure.where) or 'nothing'}")
+    _check_effects(claim, measure)
+    if claim.paper is not None:
+        _check_paper(claim)
     if measure.read is not None:
         if claim.compare is not None:
             raise ClaimError(f"`{claim.key}.compare`: measure `{measure.name}` is a reading that judges its own "
@@ -130,6 +137,52 @@ def check(claim: Claim) -> None:
     elif not isinstance(compare, int | float) and compare not in ("parent", "reference"):
         raise ClaimError(f"`{claim.key}.compare` is {compare!r}: compare with a number, parent, reference or "
                          "{variants: <selector>}")
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_effects(claim: Claim, measure) -> None:
+    """A stated effect is used or refused, never ignored: `effect_share` and
+    `effect_size` bound a reading that has a detection floor, `effect` and
+    `equivalence` a value measure's number."""
+    for key in ("effect_share", "effect_size", "effect", "equivalence"):
+        value = getattr(claim, key)
+        if value is not None and not _number(value):
+            raise ClaimError(f"`{claim.key}.{key}` is {value!r}: give a number")
+    floored = [k for k in ("effect_share", "effect_size") if getattr(claim, k) is not None]
+    if floored and not measure.floor:
+        with_floor = ", ".join(m.name for m in MEASURES.values() if m.floor)
+        raise ClaimError(f"`{claim.key}.{floored[0]}`: measure `{measure.name}` has no detection floor to compare it "
+                         f"with (only {with_floor} have one); for a value measure state `effect`, the value you expect")
+    valued = [k for k in ("effect", "equivalence") if getattr(claim, k) is not None]
+    if valued and measure.read is not None:
+        raise ClaimError(f"`{claim.key}.{valued[0]}`: measure `{measure.name}` is a reading that judges its own "
+                         "effect; a reading with a detection floor takes effect_share or effect_size")
+    if claim.equivalence is not None and claim.equivalence <= 0:
+        raise ClaimError(f"`{claim.key}.equivalence` is {claim.equivalence}: give the half-width (> 0) of the band "
+                         "about the comparison where no effect matters")
+    if claim.equivalence is not None and isinstance(claim.expect, dict):
+        raise ClaimError(f"`{claim.key}.equivalence`: a claim expecting a value within a tolerance is itself an "
+                         "equivalence claim; drop `equivalence`")
+
+
+def _check_paper(claim: Claim) -> None:
+    """A paper's values are numbers, one per component, its phrasing apart."""
+    paper = claim.paper
+    if not isinstance(paper, dict) or not paper.get("name"):
+        raise ClaimError(f"`{claim.key}.paper` is {paper!r}: give name, values (component: number), text, where")
+    extra = sorted(set(paper) - set(PAPER_KEYS))
+    if extra:
+        raise ClaimError(f"`{claim.key}.paper` has unknown keys {extra}: it takes {', '.join(PAPER_KEYS)}")
+    values = paper.get("values")
+    if not isinstance(values, dict) or not values or not all(_number(v) for v in values.values()):
+        raise ClaimError(f"`{claim.key}.paper.values` is {values!r}: give each component the paper reports as a "
+                         "number (e.g. {gap: 0.23})")
+    ci = paper.get("ci")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci)):
+        raise ClaimError(f"`{claim.key}.paper.ci` is {ci!r}: give [low, high] of the paper's reported 95% CI")
 
 
 def fields_of(variants: dict[str, dict], cells: dict[str, dict]) -> dict[str, dict]:

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.verdicts.decision import HOLDS
 from canary_audit.verdicts.judge import beside_ours
-from canary_audit.verdicts.readings import SAME, Run, ci_text
+from canary_audit.verdicts.readings import Run, ci_text
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
 BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/seeds/tables "
@@ -113,10 +114,11 @@ def _sweep_figures(run: Run) -> dict[str, str]:
                     f"{gap['seeds']} training seeds: the verdicts and the gap pooled over them, the other figures "
                     "seed 0's")
     out["paper_a_gap"] = gap["paper_value"].split(" ")[0]
-    out["paper_a_gap_verdict"] = ("reproduced in direction" if gap["verdict"] == SAME else
-                                  f"{gap['verdict']} at this scale ({gap['why']})")
-    out["gap_reading"] = ("the answer first, the trace after it" if gap["verdict"] == SAME
-                          else "the answer and the trace almost together")
+    out["paper_a_gap_verdict"] = (f"{gap['verdict']}" + (f", {gap['qualifier']}" if gap["qualifier"] else "")
+                                  + (" (borderline)" if gap["borderline"] else "") + f" ({gap['why']}; {gap['power']})")
+    out["npo_gap_per_seed"] = gap["per_seed"] or "one seed"
+    out["gap_reading"] = ("the answer first, the trace after it" if gap["verdict"] == HOLDS
+                          else "the answer, and the trace not clearly after it")
     arms = _one(_need(run, "prefill_arms").filter(_of(f"{TEXT}/mem-bio-s0")), f"prefill_arms for {TEXT}/mem-bio-s0")
     out["bio_auto"] = f"{arms['auto']:.2f}"
     out["bio_prefills"] = " / ".join(f"{arms[f'prefill_{a}']:.2f}" for a in ("bio", "empty", "meta"))

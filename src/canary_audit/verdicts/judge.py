@@ -11,37 +11,29 @@ attack, ...), what it is compared with (`compare`: a number, `parent`,
 `reference` or `{variants: selector}`) and what it expects (`higher`,
 `lower`, `{value, tolerance}`; a reading measure: `read`).
 
-Judging, from the tables alone:
-
-- each training seed of the selection is read on its own CI: *with* the
-  claim (its CI on the expected side of the comparison), *against* it (on
-  the other side) or *neither* (the CI reaches it);
-- the value is the seeds' pooled reading: the across_seeds row where the
-  measure pools (a seed x item bootstrap), else the mean of the seeds with
-  a t interval over them; one seed: that seed's own CI, labelled;
-- `holds`: every seed reads with it and so does the pooled CI; `fails`: no
-  seed does; `seed-dependent`: seeds read it on both sides, or only some
-  do; `below the floor`: it fails where the measure's detection floor is
-  above the effect the claim states (`effect_share`, a share of the
-  canaries, or `effect_size`, in the unit of the measure's floor:
-  controls.FLOOR_COMPOSED); `not measurable`: the
-  run holds no row it needs (why says which);
-- beside it, what the planted control of its measure read, and the floor.
-
-Comparison with the parent uses the table's paired Delta (`delta_<column>`)
-where it has one with a CI; otherwise (and for a reference or another
-selector) the variant's CI against the other's point estimate, as paper A
-reads its K sweep.
+A value claim is decided by one rule (decision.py) on its seed-level
+interval (evidence.py: the crossed seed x item layout where the run has
+the measure's item cells, each seed's CI elsewhere), beside what the run
+could see (power.py).  The value claims of one file are one family, judged
+at a family-wise 5% by Holm.  A reading (the papers' composite measures)
+keeps its own rule (papers.py) and stands outside the family; its words map
+onto the same five verdicts: read -> holds; read against, its CI on the
+other side -> contradicted (for a reading with a detection floor, only
+where the stated effect lies above the floor); not read, but not against
+-> inconclusive (`below the floor` where the floor is above the stated
+effect); seeds
+conclusively on both sides -> seed-dependent; unreadable -> not testable.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
 
+from canary_audit.verdicts import drift, evidence
 from canary_audit.verdicts.claims import (
     Claim,
     ClaimError,
@@ -52,53 +44,42 @@ from canary_audit.verdicts.claims import (
     parse,
     select,
 )
+from canary_audit.verdicts.decision import (
+    ALPHA,
+    CONTRADICTED,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    SEED_DEPENDENT,
+    Claimed,
+    Decision,
+    decide,
+    holm,
+    p_value,
+)
+from canary_audit.verdicts.evidence import Evidence, Point
+from canary_audit.verdicts.intervals import DIFFERENCE, RATE
 from canary_audit.verdicts.measures import MEASURES, Measure
-from canary_audit.verdicts.papers import ONE_SEED, SEED_DEPENDENT, floor_note, planted
-from canary_audit.verdicts.readings import NOT_MEASURABLE, NOT_REPRODUCED, SAME, Ours, Run
+from canary_audit.verdicts.papers import ONE_SEED, floor_note, planted
+from canary_audit.verdicts.readings import NOT_MEASURABLE, SAME, Ours, Run
 from canary_audit.views.markdown import to_markdown
 from canary_audit.views.seeds import family_of
 
-HOLDS, FAILS, SEEDS, FLOOR, UNMEASURABLE = "holds", "fails", "seed-dependent", "below the floor", "not measurable"
-VERDICTS = (HOLDS, FAILS, SEEDS, FLOOR, UNMEASURABLE)
-# The papers' page keeps the papers' words (verdicts/readings.py) for the same verdicts.
-PAPER_WORDS = {HOLDS: SAME, FAILS: NOT_REPRODUCED, FLOOR: NOT_REPRODUCED, UNMEASURABLE: NOT_MEASURABLE,
-               SEEDS: SEED_DEPENDENT}
-FROM_READING = {SAME: HOLDS, NOT_REPRODUCED: FAILS, NOT_MEASURABLE: UNMEASURABLE, SEED_DEPENDENT: SEEDS}
-@dataclass(frozen=True)
-class Point:
-    """One seed's reading of a value measure: the value, its CI and where from."""
-
-    label: str
-    value: float
-    lo: float | None
-    hi: float | None
-    versus: float  # what it is compared with (0 for a paired Delta)
-    source: str
+BELOW_FLOOR = "below the floor"
+Z95 = evidence.Z95
 
 
-def _side(point: Point, claim: Claim) -> int:
-    """+1: the seed's CI on the claim's side; -1: on the other; 0: neither
-    (or no CI to decide with)."""
-    lo, hi = point.lo, point.hi
-    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
-        return 0
-    if isinstance(claim.expect, dict):
-        low, high = claim.expect["value"] - claim.expect["tolerance"], claim.expect["value"] + claim.expect["tolerance"]
-        lo, hi = lo - point.versus, hi - point.versus
-        return 1 if low <= lo and hi <= high else -1 if hi < low or lo > high else 0
-    above, below = lo > point.versus, hi < point.versus
-    sign = 1 if claim.expect == "higher" else -1
-    return sign if above else -sign if below else 0
+@dataclass
+class Pending:
+    """A value claim between its evidence and its verdict (the family's
+    Holm step needs every claim's p-value first)."""
 
-
-@dataclass(frozen=True)
-class Judged(Ours):
-    """A reading's fields (value, verdict, why, source, seeds, per_seed) and,
-    for a value measure, its estimate and seed-level CI as numbers."""
-
-    estimate: float | None = None
-    lo: float | None = None
-    hi: float | None = None
+    claim: Claim
+    measure: Measure
+    evidence: Evidence | None = None
+    refused: str = ""  # why it is not testable
+    source: str = ""
+    paired_rate: bool = False  # a rate compared with another variant: its margin is the paired one
 
 
 def _row(run: Run, measure: Measure, claim: Claim, name: str) -> dict | None:
@@ -115,85 +96,71 @@ def _row(run: Run, measure: Measure, claim: Claim, name: str) -> dict | None:
     return found.row(0, named=True) if found.height else None
 
 
-def _versus(run: Run, measure: Measure, claim: Claim, name: str, fields: dict) -> tuple[float, str, bool] | None:
-    """(what `name` is compared with, its label, whether the comparison is
-    the table's paired Delta), or None where the run lacks it."""
-    compare, column = claim.compare, measure.column
-    if compare is None:
-        return 0.0, "", False
-    if isinstance(compare, int | float):
-        return float(compare), f"{compare}", False
-    if compare == "parent":
-        row = _row(run, measure, claim, name)
-        if row and row.get(f"delta_{column}_lo") is not None and row.get(f"delta_{column}") is not None:
-            return 0.0, "its parent (paired Delta)", True
-        other = run.variants.get(name, {}).get("parent")
-    elif compare == "reference":
-        other = run.references.get(name, {}).get("reference")
-    else:
+def _other(run: Run, claim: Claim, name: str, fields: dict) -> str | None:
+    """The variant `name` is compared with (None for a number)."""
+    if claim.compare == "parent":
+        return run.variants.get(name, {}).get("parent")
+    if claim.compare == "reference":
+        return run.references.get(name, {}).get("reference")
+    if isinstance(claim.compare, dict):
         seed = fields[name].get("seed")
-        matches = select(fields, compare["variants"])
+        matches = select(fields, claim.compare["variants"])
         same_seed = [n for n in matches if fields[n].get("seed") == seed] or matches
-        other = same_seed[0] if same_seed else None
-    row = _row(run, measure, claim, other) if other else None
-    if row is None or row.get(column) is None:
+        return same_seed[0] if same_seed else None
+    return None
+
+
+def claimed_of(claim: Claim) -> Claimed:
+    """The claim's null, side, band and effect on the judged number's scale:
+    the value itself against a number, a difference (0 = no change)
+    against another variant.  `effect` is stated as the difference from the
+    comparison the claim expects."""
+    null = float(claim.compare) if isinstance(claim.compare, int | float) else 0.0
+    effect = None if claim.effect is None else null + float(claim.effect)
+    if isinstance(claim.expect, dict):
+        value, tol = float(claim.expect["value"]), float(claim.expect["tolerance"])
+        return Claimed(null, "within", (null + value - tol, null + value + tol), effect)
+    return Claimed(null, claim.expect, None, effect, claim.equivalence)
+
+
+def _cells_apply(run: Run, measure: Measure, claim: Claim) -> bool:
+    """The item_cells table holds the measure's default rows only (AUTO;
+    teacher-forced under the run's prefill contrast)."""
+    if not measure.pooled or claim.where:
+        return False
+    arm = measure.rows.get("arm")
+    return arm in (None, "auto") or arm == f"prefill_{run.contrast}"
+
+
+def _se(lo, hi) -> float | None:
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
         return None
-    return float(row[column]), other, False
+    return (hi - lo) / (2 * Z95)
 
 
-def _value_measure(run: Run, measure: Measure, claim: Claim, fields: dict) -> Judged:
-    names = select(fields, claim.variants)
-    if not names:
-        return Judged("", UNMEASURABLE, f"no variant of this run matches {claim.variants}", "view_config.json")
-    families = {family_of(n, fields[n]["seed"]) if fields[n].get("seed") is not None else n for n in names}
-    if len(families) > 1:
-        raise ClaimError(f"`{claim.key}.variants` {claim.variants} selects {len(families)} variants per seed "
-                         f"({', '.join(sorted(families)[:4])}); narrow it (e.g. k, run, template or variant)")
-    points, missing = [], []
-    for name in names:
-        row = _row(run, measure, claim, name)
-        past = _past_ceiling(measure, claim, row)
-        if past:
-            return Judged("", UNMEASURABLE, past, f"{measure.table}: {name}")
-        versus = _versus(run, measure, claim, name, fields)
-        if row is None or row.get(measure.column) is None or versus is None:
-            missing.append(name)
-            continue
-        paired = versus[2]
-        column = f"delta_{measure.column}" if paired else measure.column
-        label = f"s{fields[name]['seed']}" if fields[name].get("seed") is not None else name
-        points.append(Point(label, float(row[column]), row.get(f"{column}_lo"), row.get(f"{column}_hi"), versus[0],
-                            f"{measure.table}: {name}" + (f" vs {versus[1]}" if versus[1] else "")))
-    if not points:
-        return Judged("", UNMEASURABLE, f"no `{measure.table}` row (or no comparison) for {', '.join(missing)}",
-                      measure.table)
-    sides = {p.label: _side(p, claim) for p in points}
-    per_seed = "; ".join(f"{p.label}: {_ci(p.value, p.lo, p.hi)}" for p in points)
-    if len(points) == 1:
-        p = points[0]
-        if p.lo is None or p.hi is None:
-            return Judged(_ci(p.value, p.lo, p.hi), UNMEASURABLE,
-                          f"`{measure.table}` gives no CI for {measure.column}: one seed has nothing to judge a "
-                          "direction by (train several seeds, or name a measure with a CI)", p.source, 1, per_seed,
-                          p.value)
-        verdict = HOLDS if sides[p.label] > 0 else FAILS
-        return Judged(_ci(p.value, p.lo, p.hi), verdict, _why(claim, sides[p.label], p.versus), p.source, 1, per_seed,
-                      p.value, p.lo, p.hi)
-    estimate, lo, hi, how = _pooled(run, measure, claim, names[0], points)
-    pooled = _side(Point("pooled", estimate, lo, hi, points[0].versus, ""), claim)
-    values = set(sides.values())
-    if {1, -1} <= values:
-        verdict, why = SEEDS, "the seeds disagree in direction (" + ", ".join(
-            f"{k} {'with' if v > 0 else 'against'} the claim" for k, v in sides.items() if v) + ")"
-    elif values == {1} and pooled > 0:
-        verdict, why = HOLDS, f"every seed and the {how} read it"
-    elif 1 in values or pooled > 0:
-        verdict, why = SEEDS, (f"{sum(v > 0 for v in sides.values())} of {len(points)} seeds read it; the {how} "
-                               + ("does" if pooled > 0 else "does not"))
-    else:
-        verdict, why = FAILS, f"no seed reads it; the {how} {_why(claim, pooled, points[0].versus)}"
-    return Judged(f"{_ci(estimate, lo, hi)} over {len(points)} seeds", verdict, why, points[0].source, len(points),
-                  per_seed, estimate, lo, hi)
+def _point(run: Run, measure: Measure, claim: Claim, name: str, label: str, other: str | None) -> Point | str:
+    """One seed's number from its table row: the paired Delta column against
+    the parent where the table has one, else the value minus the compared
+    variant's (their SEs combined as independent)."""
+    row, column = _row(run, measure, claim, name), measure.column
+    if row is None or row.get(column) is None:
+        return f"no `{measure.table}` row for {name}"
+    source = f"{measure.table}: {name}"
+    c = f"delta_{column}"
+    if claim.compare == "parent" and row.get(c) is not None and row.get(f"{c}_lo") is not None:
+        return Point(label, float(row[c]), row[f"{c}_lo"], row[f"{c}_hi"], 0.0, f"{source} (paired Delta)")
+    lo, hi = row.get(f"{column}_lo"), row.get(f"{column}_hi")
+    if other is None:
+        return Point(label, float(row[column]), lo, hi, 0.0, source)
+    versus = _row(run, measure, claim, other)
+    if versus is None or versus.get(column) is None:
+        return f"no `{measure.table}` row for {other}, the comparison of {name}"
+    ses = [_se(lo, hi), _se(versus.get(f"{column}_lo"), versus.get(f"{column}_hi"))]
+    if ses[0] is None:
+        return Point(label, float(row[column]) - float(versus[column]), None, None, 0.0, source)
+    se = math.sqrt(ses[0] ** 2 + (ses[1] or 0.0) ** 2)
+    value = float(row[column]) - float(versus[column])
+    return Point(label, value, value - Z95 * se, value + Z95 * se, 0.0, f"{source} vs {other}")
 
 
 def _past_ceiling(measure: Measure, claim: Claim, row: dict | None) -> str:
@@ -215,85 +182,176 @@ def _past_ceiling(measure: Measure, claim: Claim, row: dict | None) -> str:
             f"`{measure.ceiling}`): it cannot read a value above it{reach}")
 
 
-def _pooled(run: Run, measure: Measure, claim: Claim, name: str,
-            points: list[Point]) -> tuple[float, float, float, str]:
-    """The seed-level estimate and CI: the across_seeds row (a seed x item
-    bootstrap) where the measure pools and the claim compares with a fixed
-    number, else a t interval over the seeds' points."""
-    fixed = claim.compare is None or isinstance(claim.compare, int | float)
-    row = run.pooled(name) if measure.pooled and fixed else None
-    if row is not None and row.get(measure.pooled) is not None:
-        return (row[measure.pooled], row[f"{measure.pooled}_lo"], row[f"{measure.pooled}_hi"],
-                "pooled CI (seed x item bootstrap)")
-    from scipy import stats
-
-    values = [p.value for p in points]
-    mean = sum(values) / len(values)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    half = stats.t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
-    return mean, mean - half, mean + half, "seed-level 95% t interval"
-
-
-def _ci(value: float, lo: float | None, hi: float | None) -> str:
-    if lo is None or hi is None:
-        return f"{value:.3g} (no CI)"
-    return f"{value:.3g} [{lo:.3g}, {hi:.3g}]"
-
-
-def _why(claim: Claim, side: int, versus: float) -> str:
-    if isinstance(claim.expect, dict):
-        band = f"{claim.expect['value']} +- {claim.expect['tolerance']}"
-        return {1: f"CI within {band}", -1: f"CI outside {band}", 0: f"CI reaches past {band}"}[side]
-    where = {1: "on the claim's side of", -1: "on the other side of", 0: "reaches"}[side]
-    return f"the CI is {where} {versus:.3g} (expected {claim.expect})"
-
-
-def judge(run: Run, claim: Claim, fields: dict | None = None) -> dict:
-    """One claim's row of the claims table."""
+def gather(run: Run, claim: Claim, fields: dict) -> Pending:
+    """A value claim's evidence, or why it is not testable."""
     measure = MEASURES[claim.measure]
-    fields = fields if fields is not None else fields_of(run.variants, run.cells)
-    if measure.read is not None:
-        ours = measure.read(run, select(fields, claim.variants), claim.variants)
-        judged = Judged(ours.value, FROM_READING[ours.verdict], ours.why, ours.source, ours.seeds, ours.per_seed)
-    else:
-        judged = _value_measure(run, measure, claim, fields)
-    verdict, why = judged.verdict, judged.why
-    floor = ""
+    pending = Pending(claim, measure)
+    names = select(fields, claim.variants)
+    if not names:
+        pending.refused, pending.source = f"no variant of this run matches {claim.variants}", "view_config.json"
+        return pending
+    families = {family_of(n, fields[n]["seed"]) if fields[n].get("seed") is not None else n for n in names}
+    if len(families) > 1:
+        raise ClaimError(f"`{claim.key}.variants` {claim.variants} selects {len(families)} variants per seed "
+                         f"({', '.join(sorted(families)[:4])}); narrow it (e.g. k, run, template or variant)")
+    for name in names:
+        past = _past_ceiling(measure, claim, _row(run, measure, claim, name))
+        if past:
+            pending.refused, pending.source = past, f"{measure.table}: {name}"
+            return pending
+    others = {n: _other(run, claim, n, fields) for n in names}
+    if claim.compare is not None and not isinstance(claim.compare, int | float) and None in others.values():
+        missing = [n for n, o in others.items() if o is None]
+        pending.refused, pending.source = f"no `{claim.compare}` variant for {', '.join(missing)}", measure.table
+        return pending
+    claimed = claimed_of(claim)
+    labels = [f"s{fields[n]['seed']}" if fields[n].get("seed") is not None else n for n in names]
+    paired = any(o is not None for o in others.values())
+    pending.paired_rate = paired and measure.scale == RATE
+    scale = DIFFERENCE if pending.paired_rate else measure.scale
+    fallback = ""
+    if _cells_apply(run, measure, claim):
+        matrix = evidence.cell_matrix(run, measure.pooled, names, others if paired else None)
+        if not isinstance(matrix, str):
+            pending.evidence = evidence.from_cells(matrix, scale, claimed, labels,
+                                                   f"{evidence.CELLS_TABLE}: {measure.pooled} of {', '.join(names)}"
+                                                   + (f" minus {', '.join(others.values())}" if paired else ""))
+            return pending
+        fallback = f" ({matrix})"
+    points = [_point(run, measure, claim, n, label, others[n]) for n, label in zip(names, labels, strict=True)]
+    missing = [p for p in points if isinstance(p, str)]
+    if missing:
+        pending.refused, pending.source = "; ".join(missing), measure.table
+        return pending
+    found = evidence.from_points(points, scale, claimed)
+    if isinstance(found, str):
+        pending.refused, pending.source = found + fallback, measure.table
+        return pending
+    pending.evidence = found
+    pending.source = found.source + fallback
+    return pending
+
+
+def small_telescopes(claim: Claim, found: Evidence) -> str:
+    """Simonsohn's (2015) reading against the paper's own precision: d33,
+    the effect the paper had 33% power to detect (1.52 of its SE, from its
+    reported CI), against this run's one-sided 95% bound; "" where the
+    paper states no CI."""
+    ci = (claim.paper or {}).get("ci")
+    if not ci or found.claimed.expect == "within":
+        return ""
+    se = (ci[1] - ci[0]) / (2 * Z95)
+    sign = 1 if found.claimed.expect == "higher" else -1
+    d33 = sign * 1.5235 * se  # z_{0.975} - z_{0.67}: 33% power at the paper's SE
+    lo, hi = found.interval.at(0.90)
+    bound = (hi if sign > 0 else lo) - found.claimed.null
+    smaller = bound < d33 if sign > 0 else bound > d33
+    return (f"d33 = {d33:+.3g} (the paper's SE {se:.3g}); this run's one-sided 95% bound {bound:+.3g} "
+            + ("lies short of it: an effect too small for the paper to have seen" if smaller else
+               "does not exclude it"))
+
+
+def decide_family(pendings: list[Pending], family: str) -> list[tuple[Decision | None, float | None]]:
+    """Each claim's decision, Holm-adjusted within the family, flagged
+    borderline within its measure's margin (drift.py)."""
+    stored = drift.load()
+    ps = [p_value(p.evidence.interval, p.evidence.claimed) if p.evidence else None for p in pendings]
+    tested = [j for j, p in enumerate(ps) if p is not None]
+    adjusted = dict(zip(tested, holm([ps[j] for j in tested]), strict=True)) if tested else {}
+    out = []
+    for j, p in enumerate(pendings):
+        if p.evidence is None:
+            out.append((None, None))
+            continue
+        e = p.evidence
+        label = f"{family}, {len(tested)} value claims" if len(tested) > 1 else ""
+        margin = drift.margin_for(p.measure.name, p.paired_rate, stored)
+        d = decide(e.interval, e.claimed, p_adjusted=adjusted[j] if len(tested) > 1 else None,
+                   margin=margin or 0.0, heterogeneity=e.heterogeneity, adjusted=label)
+        if margin is None:
+            d = replace(d, borderline=None, why=f"{d.why}; no drift margin measured for `{p.measure.name}`")
+        out.append((d, adjusted.get(j)))
+    return out
+
+
+def _value_row(p: Pending, decision: Decision | None, p_holm: float | None) -> dict:
+    e, claim = p.evidence, p.claim
+    if decision is None:
+        return {"verdict": NOT_TESTABLE, "why": p.refused, "source": p.source, "seeds": None}
+    lo, hi = e.interval.at(1 - ALPHA)
+    why = decision.why + (f"; {ONE_SEED}" if e.seeds == 1 else "")
+    return {"this_run": f"{e.interval.estimate:.3g} [{lo:.3g}, {hi:.3g}]"
+                        + (f" over {e.seeds} seeds" if e.seeds > 1 else " (one seed)"),
+            "estimate": e.interval.estimate, "ci_lo": lo, "ci_hi": hi, "verdict": decision.verdict,
+            "qualifier": decision.qualifier, "borderline": decision.borderline, "why": why, "power": e.power,
+            "p_value": decision.p_value, "p_holm": p_holm, "interval": e.interval.method,
+            "heterogeneity": e.heterogeneity.text() if e.heterogeneity else "", "small_telescopes":
+            small_telescopes(claim, e), "seeds": e.seeds, "per_seed": e.per_seed, "source": p.source or e.source}
+
+
+def _reading_row(run: Run, claim: Claim, measure: Measure, fields: dict) -> dict:
+    """A reading's verdict in the one vocabulary (its floor where it has one)."""
+    ours: Ours = measure.read(run, select(fields, claim.variants), claim.variants)
+    verdict = {SAME: HOLDS, NOT_MEASURABLE: NOT_TESTABLE, SEED_DEPENDENT: SEED_DEPENDENT}.get(ours.verdict)
+    qualifier, why, power = "", ours.why, ""
+    if verdict is None:  # NOT_REPRODUCED: against where its CI lies on the other side, else not seen
+        verdict = CONTRADICTED if ours.against else INCONCLUSIVE
     if measure.floor:
         stated = claim.effect_share is not None or claim.effect_size is not None
-        floor = (floor_note(run, measure.control, claim.effect_share, claim.effect_size) if stated
-                 else "no effect_share or effect_size stated")
-        if verdict == FAILS and stated:
-            why += f"; {floor}"
-            if " is below this run's detection floor" in floor:
-                verdict = FLOOR
-    if judged.seeds == 1 and verdict in (HOLDS, FAILS, FLOOR):
+        power = (floor_note(run, measure.control, claim.effect_share, claim.effect_size) if stated
+                 else "no effect_share or effect_size stated to compare with the detection floor")
+        # against the paper only where the run could have seen the paper's effect: stated above the floor
+        if verdict == CONTRADICTED and " is above this run's detection floor" not in power:
+            verdict = INCONCLUSIVE
+        if verdict == INCONCLUSIVE and " is below this run's detection floor" in power:
+            qualifier = BELOW_FLOOR
+    elif verdict != NOT_TESTABLE:
+        power = "a composite reading: no detection floor (its power is its CIs' width)"
+    if ours.seeds == 1 and verdict in (HOLDS, CONTRADICTED, INCONCLUSIVE):
         why += f"; {ONE_SEED}"
-    paper = claim.paper or {}
-    return {"id": claim.id, "claim": claim.sentence, "measure": claim.measure,
-            "variants": ", ".join(f"{k}={v}" for k, v in claim.variants.items()) or "all",
-            "this_run": judged.value, "estimate": judged.estimate, "ci_lo": judged.lo, "ci_hi": judged.hi,
-            "verdict": verdict, "why": why, "seeds": judged.seeds, "per_seed": judged.per_seed,
-            "planted": planted(run, measure.control), "floor": floor, "source": judged.source,
-            "paper": paper.get("name", ""), "paper_value": paper.get("value", ""), "where": paper.get("where", "")}
+    return {"this_run": ours.value, "verdict": verdict, "qualifier": qualifier, "why": why, "power": power,
+            "interval": "the reading's own CIs (papers.py)", "seeds": ours.seeds, "per_seed": ours.per_seed,
+            "source": ours.source}
 
 
-def claims_table(run: Run, claims: list[Claim]) -> pl.DataFrame:
+COLUMNS = ("id", "claim", "measure", "variants", "this_run", "estimate", "ci_lo", "ci_hi", "verdict", "qualifier",
+           "borderline", "why", "power", "p_value", "p_holm", "family", "interval", "heterogeneity",
+           "small_telescopes", "seeds", "per_seed", "planted", "source", "paper", "paper_value", "where")
+SCHEMA = {"estimate": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64, "borderline": pl.Boolean,
+          "p_value": pl.Float64, "p_holm": pl.Float64, "seeds": pl.Int64}
+
+
+def claims_table(run: Run, claims: list[Claim], family: str = "this claim file") -> pl.DataFrame:
+    """The claims table: every claim's row, the value claims judged as one
+    family (Holm), the readings outside it."""
     fields = fields_of(run.variants, run.cells)
-    rows = [judge(run, c, fields) for c in claims]
-    schema = {"estimate": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64, "seeds": pl.Int64}
-    return pl.DataFrame(rows, schema_overrides=schema) if rows else pl.DataFrame()
+    values = [c for c in claims if MEASURES[c.measure].read is None]
+    pendings = {c.id: gather(run, c, fields) for c in values}
+    decided = dict(zip(pendings, decide_family(list(pendings.values()), family), strict=True))
+    rows = []
+    for claim in claims:
+        measure = MEASURES[claim.measure]
+        if claim.id in pendings:
+            row = _value_row(pendings[claim.id], *decided[claim.id])
+            row["family"] = family if pendings[claim.id].evidence is not None else ""
+        else:
+            row = _reading_row(run, claim, measure, fields)
+            row["family"] = "outside the family (a reading)"
+        paper = claim.paper or {}
+        row.update({"id": claim.id, "claim": claim.sentence, "measure": claim.measure,
+                    "variants": ", ".join(f"{k}={v}" for k, v in claim.variants.items()) or "all",
+                    "planted": planted(run, measure.control), "paper": paper.get("name", ""),
+                    "paper_value": paper.get("text", ""), "where": paper.get("where", "")})
+        rows.append({c: row.get(c) for c in COLUMNS})
+    return pl.DataFrame(rows, schema_overrides=SCHEMA) if rows else pl.DataFrame()
 
 
 def beside_ours(tables: Path) -> pl.DataFrame:
-    """The papers' page: the shipped claims judged on this run, in the
-    papers' words (a `below the floor` is the paper's `not reproduced`, its
-    why naming the floor)."""
-    table = claims_table(Run(tables), paper_claims())
-    return table.select(
-        "paper", "claim", pl.col("paper_value"), "where", "this_run",
-        pl.col("verdict").replace_strict(PAPER_WORDS, return_dtype=pl.Utf8), "why", "seeds", "per_seed", "planted",
-        "source")
+    """The papers' page: the shipped claims judged on this run, paper A's
+    value claims one family."""
+    table = claims_table(Run(tables), paper_claims(), family="the papers' value claims")
+    return table.select("paper", "claim", "paper_value", "where", "this_run", "verdict", "qualifier", "borderline",
+                        "why", "power", "p_holm", "small_telescopes", "seeds", "per_seed", "planted", "source")
 
 
 def judge_results(results: Path, claims_file: Path | None = None, declared: list | None = None) -> pl.DataFrame:
@@ -307,7 +365,8 @@ def judge_results(results: Path, claims_file: Path | None = None, declared: list
     claims = load(claims_file) if claims_file else parse(declared or [])
     run = Run(tables)
     check_selectors(claims, fields_of(run.variants, run.cells))
-    return claims_table(run, claims)
+    family = f"claims of {Path(claims_file).name}" if claims_file else "the config's claims"
+    return claims_table(run, claims, family)
 
 
 def write_claims(results: Path, claims_file: Path | None, declared: list, out: Path | None) -> tuple[str, dict]:

@@ -17,8 +17,10 @@ on a row (rank-interpolated exposure: log2 of the candidates), and
 ceiling cannot be judged by it (judge.py).  `control` names the planted
 control that calibrates a measure (data/planted_controls.py `CLAIMS`),
 `floor` whether the detection floor (verdicts/controls.py) bounds
-what it can see, `pooled` its column in the across_seeds table (a seed x
-item bootstrap) where several training seeds are pooled.
+what it can see, `pooled` its column in the item_cells table (the seed x
+item layout of its seed-level interval, verdicts/intervals.py) and in
+across_seeds, `scale` how its interval is bounded (a rate in [0, 1], a
+difference of rates in [-1, 1], or unbounded).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from canary_audit.verdicts import papers
+from canary_audit.verdicts.intervals import CONTINUOUS, DIFFERENCE, RATE
 from canary_audit.verdicts.readings import Ours, Run
 
 COMPARISONS = ("number", "parent", "reference", "variants")
@@ -46,6 +49,7 @@ class Measure:
     read: Callable[[Run, list[str], dict], Ours] | None = None
     ceiling: str | None = None  # the table's column holding the measure's ceiling on a row
     reaches: str | None = None  # the measure that reads past that ceiling
+    scale: str = CONTINUOUS  # how its interval is bounded (intervals.SCALES)
 
     @property
     def comparisons(self) -> tuple[str, ...]:
@@ -54,9 +58,9 @@ class Measure:
 
 
 def _value(name, doc, table, column, *, rows=None, where=(), pooled=None, control=None, ceiling=None,
-           reaches=None) -> Measure:
+           reaches=None, scale=CONTINUOUS) -> Measure:
     return Measure(name, doc, table, column, rows or {}, tuple(where) + tuple(rows or {}), pooled, control,
-                   ceiling=ceiling, reaches=reaches)
+                   ceiling=ceiling, reaches=reaches, scale=scale)
 
 
 def _reading(name, doc, read, *, control=None, floor=False) -> Measure:
@@ -65,32 +69,32 @@ def _reading(name, doc, read, *, control=None, floor=False) -> Measure:
 
 MEASURES: dict[str, Measure] = {m.name: m for m in (
     _value("out_acc", "greedy answer leakage: the share of canaries the parsed answer contains (canary_leakage)",
-           "canary_leakage", "out_acc", rows={"arm": "auto"}, pooled="out_acc"),
+           "canary_leakage", "out_acc", rows={"arm": "auto"}, pooled="out_acc", scale=RATE),
     _value("thk_leak", "trace leakage: the share of canaries the parsed trace contains (canary_leakage)",
-           "canary_leakage", "thk_leak", rows={"arm": "auto"}, pooled="thk_leak"),
+           "canary_leakage", "thk_leak", rows={"arm": "auto"}, pooled="thk_leak", scale=RATE),
     _value("bypass_gap", "thk_leak - out_acc (canary_leakage)", "canary_leakage", "gap", rows={"arm": "auto"},
-           pooled="gap", control="bypass_gap"),
+           pooled="gap", control="bypass_gap", scale=DIFFERENCE),
     _value("delta_ab", "out_acc(AUTO) - out_acc(prefill contrast) at fixed weights (prefill_arms)", "prefill_arms",
-           "delta_ab", pooled="delta_ab", control="delta_ab"),
+           "delta_ab", pooled="delta_ab", control="delta_ab", scale=DIFFERENCE),
     _value("tf_top1", "teacher-forced top-1 agreement over the canary continuation (teacher_forced_vs_greedy)",
            "teacher_forced_vs_greedy", "tf_top1_rate", rows={"arm": "prefill_bio"}, pooled="tf_top1_rate",
-           control="teacher_forced"),
+           control="teacher_forced", scale=RATE),
     _value("window_delta", "paper B's mean-K window NLL Delta against the merged base (bsft_runs)", "bsft_runs",
            "delta_window", where=("modality",), control="span_drift"),
     _value("span_delta", "secret-span NLL Delta against the merged base (bsft_runs)", "bsft_runs", "delta_secret",
            where=("modality",), control="window_truncation"),
     _value("hit1_delta", "hit@1 Delta against the merged base (bsft_runs)", "bsft_runs", "delta_hit1",
-           where=("modality",)),
+           where=("modality",), scale=DIFFERENCE),
     _value("hitk_delta", "hit@k Delta against the merged base (bsft_runs)", "bsft_runs", "delta_hitk",
-           where=("modality",)),
+           where=("modality",), scale=DIFFERENCE),
     _value("hit1", "hit@1: the greedy decode reproduces the secret exactly (hex_recall)", "hex_recall",
-           "hit_at_1", where=("modality",)),
+           "hit_at_1", where=("modality",), scale=RATE),
     _value("hitk", "hit@k: one of k sampled decodes reproduces the secret (hex_recall)", "hex_recall",
-           "hit_at_k", where=("modality",)),
+           "hit_at_k", where=("modality",), scale=RATE),
     _value("mia_auc", "membership-inference AUC, members vs non-members (mia)", "mia", "auc",
-           rows={"attack": "loss"}, where=("population", "arm", "modality")),
+           rows={"attack": "loss"}, where=("population", "arm", "modality"), scale=RATE),
     _value("tpr_at_low_fpr", "membership-inference TPR at 1% FPR (mia)", "mia", "tpr_at_0.01_fpr",
-           rows={"attack": "loss"}, where=("population", "arm", "modality")),
+           rows={"attack": "loss"}, where=("population", "arm", "modality"), scale=RATE),
     _value("privleak", "MUSE PrivLeak of Min-K%, % against the never-trained reference (privacy)", "privacy",
            "privleak_min_k", where=("population", "arm", "modality")),
     _value("exposure", "Secret Sharer exposure, bits, rank interpolation, at most log2 of the candidates "
@@ -100,9 +104,9 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
            "scores, at most the secret space's bits (exposure)", "exposure", "exposure_extrapolation",
            where=("modality",), ceiling="ceiling_extrapolation"),
     _value("extraction_strength", "open-unlearning's extraction strength over the secret span (extraction)",
-           "extraction", "extraction_strength", where=("probe_set", "arm", "modality")),
+           "extraction", "extraction_strength", where=("probe_set", "arm", "modality"), scale=RATE),
     _value("kextract", "k-extractability: the share of canaries greedy decoding from k tokens reproduces (kextract)",
-           "kextract", "extracted", where=("prefix_tokens",)),
+           "kextract", "extracted", where=("prefix_tokens",), scale=RATE),
     _reading("unlearned_out_acc", "paper A: AUTO out_acc after unlearning, its CI below the memorized adapter's",
              papers.unlearned_out_acc),
     _reading("paper_bypass_gap", "paper A: the bypass gap's CI above 0", papers.bypass_gap, control="bypass_gap"),

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import polars as pl
 
+from canary_audit.verdicts.decision import SEED_DEPENDENT
 from canary_audit.verdicts.readings import (
     NOT_MEASURABLE,
     NOT_REPRODUCED,
@@ -49,11 +50,8 @@ from canary_audit.verdicts.readings import (
     signed,
     sweep_rows,
 )
-from canary_audit.views.paper_b import SPAN_DRIFT, UNDERTRAINED, WINDOW_TRUNCATION
+from canary_audit.views.paper_b import INCONCLUSIVE, SPAN_DRIFT, UNDERTRAINED, WINDOW_TRUNCATION
 from canary_audit.views.seeds import TABLE as SEED_TABLE
-
-SEED_DEPENDENT = "seed-dependent"
-
 
 ONE_SEED = "one training seed: not shown to hold across seeds"
 
@@ -119,12 +117,16 @@ def across(readings: dict[str, Reading], pooled: Reading | None, directions: dic
                     len(readings), per_seed)
     effects = {r.effect for r in readings.values()}
     if pooled is None and len(effects - {None}) > 1:
-        return Ours(base.value, SEED_DEPENDENT, "the seeds' readings differ", base.source, len(readings), per_seed)
+        # some seeds read it, the others' CIs reach the null: no test of heterogeneity passes on that alone
+        read = sum(bool(r.effect) for r in readings.values())
+        return Ours(base.value, NOT_REPRODUCED, f"{read} of {len(readings)} seeds read it, the others' CIs reach "
+                    "the null: not a difference between seeds by itself, and not pooled", base.source,
+                    len(readings), per_seed)
     ours = base.verdict()
     how = (f"pooled over {len(readings)} seeds" if pooled is not None else
            f"every one of {len(readings)} seeds reads the same" if len(effects) == 1 else
            f"the seeds that read it agree, of {len(readings)}")
-    return Ours(ours.value, ours.verdict, f"{ours.why} ({how})", ours.source, len(readings), per_seed)
+    return Ours(ours.value, ours.verdict, f"{ours.why} ({how})", ours.source, len(readings), per_seed, ours.against)
 
 
 def _seeds(run: Run, name: str, read: Callable[[str], Reading], point: Callable[[str], float | None],
@@ -263,8 +265,10 @@ def _case(run: Run, diagnosis: str, selector: dict) -> Ours:
     found = cells.filter(pl.col("diagnosis") == diagnosis)
     if found.is_empty():
         seen = ", ".join(f"{d} x{n}" for d, n in cells.group_by("diagnosis").len().sort("diagnosis").rows())
+        # against it only where every cell of the kind reads conclusively (none `inconclusive`)
+        conclusive = cells.height and not cells.filter(pl.col("diagnosis") == INCONCLUSIVE).height
         pooled = Reading("not observed", False, f"no cell of the grid reads `{diagnosis}` (cells of this kind: "
-                         f"{seen or 'none'})", "bsft_matrix: diagnosis")
+                         f"{seen or 'none'})", "bsft_matrix: diagnosis", bool(conclusive))
     else:
         row = found.row(0, named=True)
         pooled = Reading(cell_text(row), True, f"{found.height} of {cells.height} cells read `{diagnosis}`",
@@ -321,7 +325,8 @@ def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
                 ("the merged cell's mean-K no longer rises past the threshold" if gone
                  else "the merged cell's mean-K still rises past the threshold")
                 + (f" (cells pooled over {seeds} bSFT seeds; no per-seed reading)" if seeds > 1 else ""),
-                f"bsft_merged_vs_stacked: {row['model']} {row['modality']} {row['source']} t{row['step']}", seeds)
+                f"bsft_merged_vs_stacked: {row['model']} {row['modality']} {row['source']} t{row['step']}", seeds,
+                against=not gone)
 
 
 def planted(run: Run, control: str | None) -> str:

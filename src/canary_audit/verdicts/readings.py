@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data.planted_controls import CONTROL
+from canary_audit.verdicts.intervals import clopper_pearson
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 from canary_audit.views.seeds import family_of
 
@@ -31,6 +32,7 @@ class Ours:
     source: str
     seeds: int = 1
     per_seed: str = ""
+    against: bool = False  # not read, and the data speaks against it (its CI wholly on the other side)
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,12 @@ class Reading:
     effect: bool | None
     why: str
     source: str
+    against: bool = False  # not read, and conclusively so: its CI on the other side
 
     def verdict(self) -> Ours:
         """The verdict of this one reading (one seed: the page says so)."""
         verdict = NOT_MEASURABLE if self.effect is None else SAME if self.effect else NOT_REPRODUCED
-        return Ours(self.value, verdict, self.why, self.source)
+        return Ours(self.value, verdict, self.why, self.source, against=self.against and not self.effect)
 
 
 class Run:
@@ -162,7 +165,8 @@ def read_unlearned(run: Run, variant: str) -> Reading:
     why = ("K=%d's CI below the memorized adapter's out_acc" if effect else
            "K=%d's CI reaches the memorized adapter's out_acc") % k
     return Reading(f"{ci_text(before, 'out_acc')} -> {ci_text(after, 'out_acc')}", effect, why,
-                   f"k_sweep: bio, {after['run']}, seed {after['seed']}, K=0 and K={k}")
+                   f"k_sweep: bio, {after['run']}, seed {after['seed']}, K=0 and K={k}",
+                   after["out_acc_lo"] > before["out_acc"])
 
 
 def row_where(frame: pl.DataFrame | None, **where) -> dict | None:
@@ -184,7 +188,7 @@ def read_gap(run: Run, variant: str) -> Reading:
         return not_in_run(f"AUTO arm of {variant}", "canary_leakage")
     verdict, why = signed(row, "gap", "the gap's")
     return Reading(f"{ci_text(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})",
-                   verdict == SAME, why, f"canary_leakage: {variant}, auto")
+                   verdict == SAME, why, f"canary_leakage: {variant}, auto", row["gap_hi"] < 0)
 
 
 def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
@@ -197,7 +201,7 @@ def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
     prefill = f"prefill_{arm or run.contrast}"
     verdict, why = signed(row, column, "Delta's" if arm else "Delta_AB's")
     return Reading(f"{ci_text(row, column)} ({row['auto']:.2f} - {row[prefill]:.2f})", verdict == SAME, why,
-                   f"prefill_arms: {variant}" + (f", {prefill}" if arm else ""))
+                   f"prefill_arms: {variant}" + (f", {prefill}" if arm else ""), row[f"{column}_hi"] < 0)
 
 
 def read_parser_flip(run: Run, variant: str) -> Reading:
@@ -216,9 +220,11 @@ def read_parser_flip(run: Run, variant: str) -> Reading:
                        f"the flip needs outputs without the closing tag (paper: >= 60%); {variant} has {missing:.0%}",
                        source)
     flips = gaps["answer"]["gap_hi"] < 0 < gaps["trace"]["gap_lo"]
+    same_side = all(g["gap_lo"] > 0 for g in gaps.values()) or all(g["gap_hi"] < 0 for g in gaps.values())
     return Reading(f"{ci_text(gaps['answer'], 'gap')} vs {ci_text(gaps['trace'], 'gap')}", flips,
-                   "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else "the CIs do not flip sign",
-                   source)
+                   "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else
+                   "both fallbacks' gap CIs lie on one side of 0: no flip" if same_side else
+                   "the CIs do not flip sign", source, same_side)
 
 
 def read_head_echo(run: Run, variant: str) -> Reading:
@@ -232,10 +238,15 @@ def read_head_echo(run: Run, variant: str) -> Reading:
 
 
 def echo(echoes: int, cases: int, source: str) -> Reading:
+    """Read where the share's Clopper-Pearson 95% CI lies above one half
+    ("most"), read against where it lies below."""
     share = echoes / cases
-    return Reading(f"{share:.2f} ({echoes} of {cases})", share > 0.5,
-                   "most bypass answers echo the head" if share > 0.5 else "most bypass answers are not the head",
-                   source)
+    lo, hi = clopper_pearson(echoes, cases)
+    value = f"{share:.2f} [{lo:.2f}, {hi:.2f}] ({echoes} of {cases}; Clopper-Pearson)"
+    why = ("the share's CI lies above one half: most bypass answers echo the head" if lo > 0.5 else
+           "the share's CI lies below one half: most bypass answers are not the head" if hi < 0.5 else
+           "the share's CI covers one half")
+    return Reading(value, lo > 0.5, why, source, hi < 0.5)
 
 
 def read_tf_vs_greedy(run: Run, variant: str, arm: str, reference: str | None = None) -> Reading:
@@ -261,7 +272,8 @@ def read_tf_vs_greedy(run: Run, variant: str, arm: str, reference: str | None = 
     if ref is not None:
         why += " and above the never-trained reference's" if above_ref else " but not above the reference's"
     return Reading(value, above_greedy and above_ref, why,
-                   f"teacher_forced_vs_greedy: {variant}, {arm}; canary_leakage: its AUTO out_acc")
+                   f"teacher_forced_vs_greedy: {variant}, {arm}; canary_leakage: its AUTO out_acc",
+                   row["tf_top1_rate_hi"] < auto["out_acc_lo"])
 
 
 def cell_text(row: dict) -> str:
@@ -318,4 +330,4 @@ def read_merge_collapse(run: Run, merged: str, stacked: str, precision: str, mod
            + {True: "the merge lost the drift", False: "not collapsed",
               None: "no conclusive drift on both sides to compare"}[gone])
     return Reading(collapse_text(s, m, precision), gone, why,
-                   f"bsft_matrix: {run.cells[merged]['model']} {modality} {run.cells[merged]['cell']}")
+                   f"bsft_matrix: {run.cells[merged]['model']} {modality} {run.cells[merged]['cell']}", gone is False)

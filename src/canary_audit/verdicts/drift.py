@@ -1,0 +1,90 @@
+"""The `borderline` margin: how far a CI end moves between two runs of one
+config that differ only in float order.
+
+Two machines of one kind give different numbers from the same config: CPU
+float kernels sum in different orders, and training amplifies the
+difference.  The same drift is reproduced on one machine by changing the
+jobs' thread counts (threads 1 against 2: another reduction order).  For
+each value measure of the registry, every CI end (and point) its table
+holds for a row both runs share is compared; a measure's margin is the
+largest move seen over the measured pairs.  A verdict whose CI end lies
+within its measure's margin of its threshold is flagged `borderline`
+(decision.py): another machine could read it the other way.
+
+`benchmarks/margins.py` measures the pairs and writes margins.json beside
+this module; the judge reads it (`load`).  A measure no pair measured has
+no margin, and its verdicts say so instead of reading "not borderline".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from canary_audit.verdicts.intervals import RATE
+from canary_audit.verdicts.measures import MEASURES
+
+MARGINS = Path(__file__).with_name("margins.json")
+PAIRED = "paired:"  # the key prefix of a rate measure's margin as a paired difference (two rates move)
+
+
+def _table(tables: Path, name: str) -> pl.DataFrame | None:
+    path = tables / f"{name}.csv"
+    if not path.is_file() or not path.stat().st_size:
+        return None
+    try:
+        frame = pl.read_csv(path)
+    except pl.exceptions.NoDataError:
+        return None
+    return frame if frame.height else None
+
+
+def drift(a: Path, b: Path) -> pl.DataFrame:
+    """Per value measure: the CI ends compared and the largest and 95th
+    percentile absolute move between the tables folders `a` and `b`."""
+    rows = []
+    for m in MEASURES.values():
+        if m.read is not None:
+            continue
+        left, right = _table(a, m.table), _table(b, m.table)
+        if left is None or right is None or m.column not in left.columns:
+            continue
+        columns = [c for c in (m.column, f"{m.column}_lo", f"{m.column}_hi") if c in left.columns]
+        keys = [c for c in ("variant", *m.where) if c in left.columns and c in right.columns]
+        for key, value in m.rows.items():
+            left, right = (f.filter(pl.col(key).cast(pl.Utf8) == str(value)) for f in (left, right))
+        joined = left.select(*keys, *columns).join(right.select(*keys, *columns), on=keys, suffix="_b")
+        moves = joined.select(pl.concat_list([(pl.col(c) - pl.col(f"{c}_b")).abs() for c in columns]).alias("d")
+                              ).explode("d").drop_nulls()["d"]
+        if moves.len():
+            rows.append({"measure": m.name, "scale": m.scale, "ends": moves.len(), "max": float(moves.max()),
+                         "p95": float(moves.quantile(0.95))})
+    return pl.DataFrame(rows, schema={"measure": pl.Utf8, "scale": pl.Utf8, "ends": pl.Int64, "max": pl.Float64,
+                                      "p95": pl.Float64})
+
+
+def margins_of(drifts: list[pl.DataFrame]) -> dict[str, float]:
+    """Each measure's margin: its largest move over every pair; a rate's
+    paired difference (against a parent or a reference) moves by at most
+    the sum of its two rates' moves."""
+    table = pl.concat(drifts).group_by("measure", "scale").agg(pl.col("max").max())
+    out = {}
+    for measure, scale, largest in table.sort("measure").iter_rows():
+        out[measure] = largest
+        if scale == RATE:
+            out[PAIRED + measure] = 2 * largest
+    return out
+
+
+def load() -> dict[str, float]:
+    """The stored margins (measure -> margin); empty where none was measured."""
+    if not MARGINS.is_file():
+        return {}
+    return {k: float(v) for k, v in json.loads(MARGINS.read_text())["margins"].items()}
+
+
+def margin_for(measure: str, paired_rate: bool, stored: dict[str, float]) -> float | None:
+    """The margin of one claim's interval, or None where no pair measured it."""
+    return stored.get(PAIRED + measure if paired_rate else measure)
