@@ -263,6 +263,21 @@ def test_every_plant_is_seen_and_every_negative_clean():
     collapse = table.filter(pl.col("claim") == "merge_collapse")  # no positive; a row per negative
     assert collapse["negative"].to_list() == ["tiny/ctl-c4m-s0", "tiny/ctl-c4mf-s0"]
     assert set(collapse["positive_verdict"]) == {NOT_BUILT} and "bfloat16 merge" in collapse["negative_reading"][0]
+    # each row prints how far its readings' deciding CI ends lie from their thresholds
+    assert built["positive_margin"].null_count() == 0 and (built["positive_margin"] >= 0).all()
+    assert table["negative_margin"].null_count() == 0
+
+
+def test_a_control_under_the_drift_margin_does_not_clear_it(monkeypatch):
+    """A margin is judged against the measure's run-to-run drift
+    (verdicts/drift.py): the same readings clear a small drift and not a
+    large one."""
+    from canary_audit.verdicts import drift
+
+    monkeypatch.setattr(drift, "load", lambda: {"bypass_gap": 1e-6})
+    assert controls_table(_run(planted=True), {"bypass_gap": ""}, {})["clears_drift"].to_list() == [True]
+    monkeypatch.setattr(drift, "load", lambda: {"bypass_gap": 10.0})
+    assert controls_table(_run(planted=True), {"bypass_gap": ""}, {})["clears_drift"].to_list() == [False]
 
 
 def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm():

@@ -31,6 +31,7 @@ from canary_audit.data.planted_controls import (
     first_canaries,
     floor_counts,
 )
+from canary_audit.verdicts import drift
 from canary_audit.verdicts.readings import (
     Reading,
     Run,
@@ -57,7 +58,27 @@ TEXT = "text"  # paper A's canaries, and a text model's hex canaries
 COLUMNS = {"model": pl.Utf8, "modality": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8,
            "expected": pl.Utf8,
            "positive": pl.Utf8, "positive_reading": pl.Utf8, "spill_over": pl.Float64, "positive_verdict": pl.Utf8,
-           "negative": pl.Utf8, "negative_reading": pl.Utf8, "negative_verdict": pl.Utf8, "why": pl.Utf8}
+           "negative": pl.Utf8, "negative_reading": pl.Utf8, "negative_verdict": pl.Utf8,
+           "positive_margin": pl.Float64, "negative_margin": pl.Float64, "drift_margin": pl.Float64,
+           "clears_drift": pl.Boolean, "why": pl.Utf8}
+# The value measure whose run-to-run drift (verdicts/drift.py) a control's
+# margin must clear: paper A's in its rate; paper B's (a cell's margin is a
+# share of the detector's threshold) in nats, divided by tables.verdicts.delta_nll.
+DRIFT_OF = {"bypass_gap": ("bypass_gap",), "delta_ab": ("delta_ab",), "teacher_forced": ("tf_top1",),
+            "parser_flip": ("bypass_gap",), "head_echo": (),
+            **{k: ("window_delta", "span_delta") for k in ("window_truncation", "span_drift", "undertrained",
+                                                           "merge_collapse")}}
+
+
+def drift_margin(run: Run, key: str, stored: dict[str, float]) -> float | None:
+    """The stated margin a control's readings must clear (None: no pair
+    measured its measure)."""
+    found = [stored[m] for m in DRIFT_OF.get(key, ()) if m in stored]
+    if not found:
+        return None
+    if key in CASES or key == "merge_collapse":
+        return max(found) / run.thresholds.get("delta_nll", 1.0)
+    return max(found)
 
 
 def _reader(claim: Claim, contrast: str, modality: str) -> Callable[[Run, str, Side], Reading]:
@@ -145,7 +166,7 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
     positive's and the negative's readings and verdicts, and the positive's
     spill-over; a claim the audit cannot run (`claims`: key -> why not, ""
     where it runs) reads `not run`, with why."""
-    rows = []
+    rows, stored = [], drift.load()
     seeds = {(v["model"], v["seed"]) for v in run.variants.values() if v.get("kind") == CONTROL}
     for model, seed in sorted(seeds):
         for key in (k for k in CLAIMS if k in claims):  # declaration order, whatever order the config gives
@@ -170,8 +191,10 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
                         pos_verdict = SPILLED
                     else:
                         pos_verdict = SEEN if pos.effect else MISSED
+                stated = drift_margin(run, key, stored)
                 for side in claim.negatives:
                     neg = read(run, names[side], side)
+                    ends = [m for m in (pos.margin if claim.positive else None, neg.margin) if m is not None]
                     rows.append({
                         "model": model, "modality": modality, "claim": key, "paper_id": claim.paper_id,
                         "construction": claim.construction, "expected": claim.expected,
@@ -179,6 +202,9 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
                         "positive_reading": pos.value, "spill_over": spilled, "positive_verdict": pos_verdict,
                         "negative": _label(names[side], side), "negative_reading": neg.value,
                         "negative_verdict": NOT_READ if neg.effect is None else FALSE_ALARM if neg.effect else CLEAN,
+                        "positive_margin": pos.margin if claim.positive else None, "negative_margin": neg.margin,
+                        "drift_margin": stated,
+                        "clears_drift": None if stated is None or not ends else min(ends) > stated,
                         "why": f"positive: {pos.why}; negative: {neg.why}",
                     })
     return pl.DataFrame(rows, schema=COLUMNS)

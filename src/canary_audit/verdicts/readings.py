@@ -8,13 +8,14 @@ same functions, so a control calibrates exactly the reading the page uses.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
 
 from canary_audit.data.planted_controls import CONTROL
 from canary_audit.verdicts.intervals import clopper_pearson
+from canary_audit.views.paper_b import Verdicts
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 from canary_audit.views.seeds import family_of
 
@@ -47,6 +48,7 @@ class Reading:
     why: str
     source: str
     against: bool = False  # not read, and conclusively so: its CI on the other side
+    margin: float | None = None  # how far the CI end the reading turned on lies from its threshold (its unit)
 
     def verdict(self) -> Ours:
         """The verdict of this one reading (one seed: the page says so)."""
@@ -70,6 +72,8 @@ class Run:
         self.cells: dict[str, dict] = config.get("cells", {})
         self.split = config.get("parser", {}).get("split", DEFAULT_SPLIT)
         self.contrast = config.get("prefill_contrast", "bio")
+        # paper B's detector: tables.verdicts as the tables were built (its defaults where a config predates it)
+        self.thresholds = asdict(Verdicts(**config.get("verdicts", {})))
 
     def table(self, name: str) -> pl.DataFrame | None:
         if self.frames is not None:
@@ -188,7 +192,7 @@ def read_gap(run: Run, variant: str) -> Reading:
         return not_in_run(f"AUTO arm of {variant}", "canary_leakage")
     verdict, why = signed(row, "gap", "the gap's")
     return Reading(f"{ci_text(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})",
-                   verdict == SAME, why, f"canary_leakage: {variant}, auto", row["gap_hi"] < 0)
+                   verdict == SAME, why, f"canary_leakage: {variant}, auto", row["gap_hi"] < 0, abs(row["gap_lo"]))
 
 
 def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
@@ -201,7 +205,8 @@ def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
     prefill = f"prefill_{arm or run.contrast}"
     verdict, why = signed(row, column, "Delta's" if arm else "Delta_AB's")
     return Reading(f"{ci_text(row, column)} ({row['auto']:.2f} - {row[prefill]:.2f})", verdict == SAME, why,
-                   f"prefill_arms: {variant}" + (f", {prefill}" if arm else ""), row[f"{column}_hi"] < 0)
+                   f"prefill_arms: {variant}" + (f", {prefill}" if arm else ""), row[f"{column}_hi"] < 0,
+                   abs(row[f"{column}_lo"]))
 
 
 def read_parser_flip(run: Run, variant: str) -> Reading:
@@ -224,7 +229,8 @@ def read_parser_flip(run: Run, variant: str) -> Reading:
     return Reading(f"{ci_text(gaps['answer'], 'gap')} vs {ci_text(gaps['trace'], 'gap')}", flips,
                    "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else
                    "both fallbacks' gap CIs lie on one side of 0: no flip" if same_side else
-                   "the CIs do not flip sign", source, same_side)
+                   "the CIs do not flip sign", source, same_side,
+                   min(abs(gaps["answer"]["gap_hi"]), abs(gaps["trace"]["gap_lo"])))
 
 
 def read_head_echo(run: Run, variant: str) -> Reading:
@@ -246,7 +252,7 @@ def echo(echoes: int, cases: int, source: str) -> Reading:
     why = ("the share's CI lies above one half: most bypass answers echo the head" if lo > 0.5 else
            "the share's CI lies below one half: most bypass answers are not the head" if hi < 0.5 else
            "the share's CI covers one half")
-    return Reading(value, lo > 0.5, why, source, hi < 0.5)
+    return Reading(value, lo > 0.5, why, source, hi < 0.5, abs(lo - 0.5))
 
 
 def read_tf_vs_greedy(run: Run, variant: str, arm: str, reference: str | None = None) -> Reading:
@@ -271,9 +277,11 @@ def read_tf_vs_greedy(run: Run, variant: str, arm: str, reference: str | None = 
     why = ("teacher-forced top-1 CI above greedy out_acc's" if above_greedy else "the two CIs overlap")
     if ref is not None:
         why += " and above the never-trained reference's" if above_ref else " but not above the reference's"
+    ends = [row["tf_top1_rate_lo"] - auto["out_acc_hi"]] + ([] if ref is None else
+                                                           [row["tf_top1_rate_lo"] - ref["tf_top1_rate_hi"]])
     return Reading(value, above_greedy and above_ref, why,
                    f"teacher_forced_vs_greedy: {variant}, {arm}; canary_leakage: its AUTO out_acc",
-                   row["tf_top1_rate_hi"] < auto["out_acc_lo"])
+                   row["tf_top1_rate_hi"] < auto["out_acc_lo"], min(abs(e) for e in ends))
 
 
 def cell_text(row: dict) -> str:
@@ -293,7 +301,25 @@ def read_case(run: Run, variant: str, diagnosis: str, modality: str = "text") ->
     why = f"the detector reads `{found}`" + (f" (inconclusive: {row['inconclusive_probes']})"
                                             if row.get("inconclusive_probes") else "")
     return Reading(f"{cell_text(row)}; {found}", found == diagnosis, why,
-                   f"bsft_matrix: {cell['model']} {modality} {cell['cell']}")
+                   f"bsft_matrix: {cell['model']} {modality} {cell['cell']}",
+                   margin=cell_margin(row, run.thresholds))
+
+
+CELL_PROBES = {"delta_window": "delta_nll", "delta_secret": "delta_nll", "delta_hit1": "hit_rate"}
+
+
+def cell_margin(row: dict, thresholds: dict, probes=tuple(CELL_PROBES)) -> float | None:
+    """How near a bSFT cell's reading is to flipping, as a share of its
+    threshold: over its probes, the least distance of a CI end from the
+    threshold (+- tables.verdicts) each probe's verdict compares it with,
+    divided by that threshold (nats and hit shares on one scale)."""
+    shares = []
+    for probe in probes:
+        lo, hi, t = row.get(f"{probe}_lo"), row.get(f"{probe}_hi"), thresholds.get(CELL_PROBES[probe])
+        if lo is None or hi is None or not t:
+            continue
+        shares.append(min(abs(end - side * t) for end in (lo, hi) for side in (1, -1)) / t)
+    return min(shares) if shares else None
 
 
 def collapsed(stacked: dict, merged: dict) -> bool | None:
@@ -330,4 +356,6 @@ def read_merge_collapse(run: Run, merged: str, stacked: str, precision: str, mod
            + {True: "the merge lost the drift", False: "not collapsed",
               None: "no conclusive drift on both sides to compare"}[gone])
     return Reading(collapse_text(s, m, precision), gone, why,
-                   f"bsft_matrix: {run.cells[merged]['model']} {modality} {run.cells[merged]['cell']}", gone is False)
+                   f"bsft_matrix: {run.cells[merged]['model']} {modality} {run.cells[merged]['cell']}", gone is False,
+                   min((x for r in (s, m) if (x := cell_margin(r, run.thresholds, ("delta_window",))) is not None),
+                       default=None))
