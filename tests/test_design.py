@@ -191,11 +191,12 @@ def test_registries_and_schema_enumerations_agree():
     assert audit["templates"]["items"]["enum"] == list(TEMPLATES)
     from canary_audit.data.planted_controls import (  # a control's switch: one per claim, the floor's
         CLAIMS,
+        EVERY_SEED,
         FLOOR_TRAINED,
         ON_VISION,
     )
     controls = SCHEMA["properties"]["controls"]
-    switches = [*CLAIMS, "detection_floor", FLOOR_TRAINED, ON_VISION]
+    switches = [*CLAIMS, "detection_floor", FLOOR_TRAINED, EVERY_SEED, ON_VISION]
     assert list(controls["properties"]) == controls["required"] == switches
 
 

@@ -125,6 +125,11 @@ CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the
 # vision-language model, one LoRA over its image and text canaries, read per
 # modality.  Off by default (docs/limits.md: its cost, and what it reads).
 ON_VISION = "on_vision"
+# Switch (config `controls.every_seed`): paper A's plants under every audit
+# seed, not the first only, so each control's margin is shown on every
+# training seed (on in configs/seeds.yaml, the results run; paper B's plants
+# stay on the first seed's canary LoRA, whose seed-level runs are bSFT seeds).
+EVERY_SEED = "every_seed"
 
 
 def floor_counts(n: int) -> list[int]:

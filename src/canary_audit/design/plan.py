@@ -131,7 +131,8 @@ def job_counts(design: Design) -> dict[str, int]:
     for m in models:
         variants = design.variants(m).values()
         add("memorize", sum(v.kind == "memorized" for v in variants))
-        add("control_lora", len(design.trained_plants()) if design.templates_of(m) else 0)
+        add("control_lora", len({v.adapters[-1] for v in variants if v.kind == CONTROL and v.cell is None
+                                 and "/ctl-" in v.adapters[-1]}))
         add("control_hex_lora", len({v.adapters[-1] for v in variants if v.kind == CONTROL and v.cell is not None}))
         add("author_reference_lora", sum(v.kind == "reference" and v.template is not None for v in variants))
         add("reference_lora", sum(v.kind == "reference" and v.template is None for v in variants))

@@ -11,6 +11,7 @@ from canary_audit.data.planted_controls import (
     CONTROL,
     CONTROL_GROUP,
     CONTROL_HEX_GROUP,
+    EVERY_SEED,
     FLOOR_COMPOSED,
     FLOOR_PLANTS,
     HEX_PLANTS,
@@ -68,7 +69,7 @@ class Variants:
                 if ref not in out:
                     out[ref] = Variant(ref, "reference", base, (lay.adapter_dir(model, ref),), "base", mem,
                                        template=retain_form(template), seed=seed)
-            if seed == audit["seeds"][0]:
+            if seed == audit["seeds"][0] or self.config["controls"].get(EVERY_SEED, False):
                 out.update(self._control_variants(model, seed))
             # Paper B's arms run on the first audit seed: its seed-level runs
             # are bSFT seeds on one canary LoRA (`bsft.seeds`), so a further

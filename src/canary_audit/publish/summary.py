@@ -82,7 +82,8 @@ def failed_calibrations(tables: Path) -> list[str]:
     failed = controls.filter((pl.col("positive_verdict") == MISSED) | (pl.col("negative_verdict") == FALSE_ALARM))
     if failed.is_empty():
         return []
-    lines = [f"- `{r['claim']}` on {r['model']}" + (f" ({r['modality']})" if r.get("modality") else "")
+    lines = [f"- `{r['claim']}` on {r['model']}" + (f" seed {r['seed']}" if r.get("seed") is not None else "")
+             + (f" ({r['modality']})" if r.get("modality") else "")
              + f": positive {r['positive_verdict']}, negative {r['negative_verdict']}; it calibrates "
              f"`{r['paper_id']}`" for r in failed.iter_rows(named=True)]
     return ["**Failed calibration.** A planted control read wrong in this run, so the verdicts of the claims it "

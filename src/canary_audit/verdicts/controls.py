@@ -55,8 +55,8 @@ SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM, NOT_RUN = "seen", "missed", "spilled"
 NOT_READ = "not read"  # a negative whose reading cannot be made (its why says what is missing): never `clean`
 NOT_BUILT = "not built"  # a claim whose positive no honest plant can hold (controls.Claim.unbuilt)
 TEXT = "text"  # paper A's canaries, and a text model's hex canaries
-COLUMNS = {"model": pl.Utf8, "modality": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8, "construction": pl.Utf8,
-           "expected": pl.Utf8,
+COLUMNS = {"model": pl.Utf8, "seed": pl.Int64, "modality": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8,
+           "construction": pl.Utf8, "expected": pl.Utf8,
            "positive": pl.Utf8, "positive_reading": pl.Utf8, "spill_over": pl.Float64, "positive_verdict": pl.Utf8,
            "negative": pl.Utf8, "negative_reading": pl.Utf8, "negative_verdict": pl.Utf8,
            "positive_margin": pl.Float64, "negative_margin": pl.Float64, "drift_margin": pl.Float64,
@@ -172,7 +172,7 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
         for key in (k for k in CLAIMS if k in claims):  # declaration order, whatever order the config gives
             claim, why_not = CLAIMS[key], claims[key]
             if why_not:
-                rows.append({"model": model, "modality": TEXT, "claim": key, "paper_id": claim.paper_id,
+                rows.append({"model": model, "seed": seed, "modality": TEXT, "claim": key, "paper_id": claim.paper_id,
                              "construction": claim.construction, "expected": claim.expected,
                              "positive_verdict": NOT_RUN, "negative_verdict": NOT_RUN, "why": why_not})
                 continue
@@ -196,7 +196,7 @@ def controls_table(run: Run, claims: dict[str, str], spill: dict[str, float]) ->
                     neg = read(run, names[side], side)
                     ends = [m for m in (pos.margin if claim.positive else None, neg.margin) if m is not None]
                     rows.append({
-                        "model": model, "modality": modality, "claim": key, "paper_id": claim.paper_id,
+                        "model": model, "seed": seed, "modality": modality, "claim": key, "paper_id": claim.paper_id,
                         "construction": claim.construction, "expected": claim.expected,
                         "positive": _label(pos_name, claim.positive) if claim.positive else "",
                         "positive_reading": pos.value, "spill_over": spilled, "positive_verdict": pos_verdict,

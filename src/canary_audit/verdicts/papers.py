@@ -342,11 +342,11 @@ def planted(run: Run, control: str | None) -> str:
         return "no control in this run"
     # A side per model and canary modality, named where several read one
     # (a controls table written before `modality` was a column names models only).
-    keys = [k for k in ("model", "modality") if k in rows.columns and rows[k].n_unique() > 1]
-    sides = rows.height > rows.unique([k for k in ("model", "modality") if k in rows.columns]).height
+    keys = [k for k in ("model", "seed", "modality") if k in rows.columns and rows[k].n_unique() > 1]
+    sides = rows.height > rows.unique([k for k in ("model", "seed", "modality") if k in rows.columns]).height
     parts = []
     for r in rows.iter_rows(named=True):  # several negatives of one claim: each named after the first
-        head = " ".join(r[k] for k in keys) + ": " if keys else ""
+        head = " ".join(f"s{r[k]}" if k == "seed" else str(r[k]) for k in keys) + ": " if keys else ""
         if not (sides and parts and parts[-1][0] == head):
             parts.append((head, [f"planted: {r['positive_verdict']}"]))
         label = f"negative {r['negative'].split('/')[-1]}" if sides else "negative"
