@@ -38,7 +38,8 @@ ARGUMENTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "tables_dirs": (("--tables",), {"dest": "tables_dirs", "nargs": "+", "required": True,
                                     "help": "tables folders of finished runs with `controls.detection_floor`"}),
     "store": (("--store",), {"action": "store_true",
-                            "help": "write the package's verdicts/floors.json (`plan` reads it)"}),
+                            "help": "store the figures with the package (verdicts/floors.json, components.json: "
+                                    "`plan` reads them)"}),
     "run": (("--run",), {"default": "",
                          "help": "what the run(s) were: config, commit, machine (kept beside the figures)"}),
     "claims": (("--claims",), {"help": "a claim file (YAML list of claims); default: the params' `claims`"}),

@@ -79,6 +79,8 @@ COMMANDS: dict[str, Command] = {
     "status": Command(h.status, ("run_dir",), "the progress of the newest run in a working directory"),
     "floors": Command(h.floors, ("tables_dirs", "store", "run"),
                       "the detection floors of finished runs, how they scale with n, the n a claim needs"),
+    "power": Command(h.power, ("tables", "store", "run"),
+                     "the variance components of a finished run's value claims: what a config could see"),
     "plan": Command(h.plan, ("configfile", "model_config", "throughput", "plan_out"),
                     "the cost plan of the config files: jobs, tokens, GPU-hours"),
 }

@@ -202,6 +202,17 @@ def floors(args, params):
     return result
 
 
+def power(args, params):
+    from canary_audit.verdicts.components import power_report
+
+    try:
+        text, result = power_report(Path(args.tables), args.run, keep=args.store)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from None
+    print(text, end="")
+    return result
+
+
 def plan(args, params):
     from canary_audit.design.plan import plan_report, plan_to_json, total_gpu_hours
 

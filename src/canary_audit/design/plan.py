@@ -367,12 +367,13 @@ def plan_report(files: list[Path], given: dict[str, Path], throughput: Path | No
     stages.  `given`: MODEL -> config.json of a checkpoint not on this
     machine."""
     from canary_audit.design.config_files import load_config
-    from canary_audit.verdicts import floors
+    from canary_audit.verdicts import components, floors
 
     config = load_config(files)
     design = Design(config)
     shapes = {m: model_shape(design, m, given) for m in config["audit"]["models"]}
     speed = load_throughput(throughput or THROUGHPUT)
     stages = plan(design, shapes, speed)
-    text = render(stages, speed) + "\n\n" + floors.render(floors.load(), config["data"]["n_hex_canaries"])
+    text = (render(stages, speed) + "\n\n" + floors.render(floors.load(), config["data"]["n_hex_canaries"])
+            + "\n\n" + components.render(components.load(), len(config["audit"]["seeds"]), config["data"]["n_authors"]))
     return text, stages

@@ -92,7 +92,8 @@ def power(c: Components, effect: float | None) -> Power:
     mde = detectable(c)
     upper = seed_variance_upper(c)
     mde_up = detectable(c, var_seed=upper) if not math.isnan(upper) else math.nan
-    text = f"smallest effect detectable at 80% power (two-sided 5%): {mde:.3g} with {c.seeds} seeds x {c.items} items"
+    text = (f"smallest effect detectable at 80% power (two-sided 5%): {mde:.3g} with {c.seeds} "
+            f"seed{'s' if c.seeds > 1 else ''} x {c.items} items")
     if c.seeds == 1:
         text += " (one seed: seed variance not estimable, not in this figure)"
     else:
