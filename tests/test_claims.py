@@ -7,6 +7,7 @@ judged over a run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -311,3 +312,26 @@ def test_a_claim_past_a_measures_ceiling_names_the_measure_that_reaches_it():
     assert within["verdict"] == HOLDS
     band = {**claim, "compare": None, "expect": {"value": 30, "tolerance": 5}}
     assert claims_table(run, parse([band])).row(0, named=True)["verdict"] == NOT_TESTABLE
+
+
+def test_the_drift_margin_is_the_largest_move_of_a_ci_end_between_two_runs(tmp_path):
+    """verdicts/drift.py: two tables folders of one config, one CI end moved
+    by 0.05 on an audited variant and 0.5 on a planted control: the measure's
+    margin is 0.05 (a control is read by its own margin), its paired margin
+    twice that; no move, no margin above 0."""
+    from canary_audit.verdicts import drift
+
+    for name, moved in (("a", 0.0), ("b", 0.05)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "view_config.json").write_text(json.dumps({"variants": {"m/ctl-head-s0": {"kind": "control"}}}))
+        pl.DataFrame([{"variant": "m/npo-bio-s0-k20", "arm": "auto", "out_acc": 0.3, "out_acc_lo": 0.2 + moved,
+                       "out_acc_hi": 0.4},
+                      {"variant": "m/ctl-head-s0", "arm": "auto", "out_acc": 0.3, "out_acc_lo": 0.2 + 10 * moved,
+                       "out_acc_hi": 0.4}]).write_csv(folder / "canary_leakage.csv")
+    moves = drift.drift(tmp_path / "a", tmp_path / "b")
+    out_acc = moves.filter(pl.col("measure") == "out_acc").row(0, named=True)
+    assert out_acc["max"] == pytest.approx(0.05) and out_acc["ends"] == 3
+    margins = drift.margins_of([moves])
+    assert margins["out_acc"] == pytest.approx(0.05) and margins["paired:out_acc"] == pytest.approx(0.1)
+    assert drift.margins_of([drift.drift(tmp_path / "a", tmp_path / "a")])["out_acc"] == 0.0

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
+from canary_audit.data.planted_controls import CONTROL
 from canary_audit.verdicts.intervals import RATE
 from canary_audit.verdicts.measures import MEASURES
 
@@ -43,7 +44,11 @@ def _table(tables: Path, name: str) -> pl.DataFrame | None:
 
 def drift(a: Path, b: Path) -> pl.DataFrame:
     """Per value measure: the CI ends compared and the largest and 95th
-    percentile absolute move between the tables folders `a` and `b`."""
+    percentile absolute move between the tables folders `a` and `b`, over
+    the audit's variants (a planted control is built to sit far from its
+    threshold, and is read by its own margin: controls.py)."""
+    planted = [n for n, v in json.loads((a / "view_config.json").read_text()).get("variants", {}).items()
+               if v.get("kind") == CONTROL]
     rows = []
     for m in MEASURES.values():
         if m.read is not None:
@@ -51,6 +56,7 @@ def drift(a: Path, b: Path) -> pl.DataFrame:
         left, right = _table(a, m.table), _table(b, m.table)
         if left is None or right is None or m.column not in left.columns:
             continue
+        left, right = (f.filter(~pl.col("variant").is_in(planted)) for f in (left, right))
         columns = [c for c in (m.column, f"{m.column}_lo", f"{m.column}_hi") if c in left.columns]
         keys = [c for c in ("variant", *m.where) if c in left.columns and c in right.columns]
         for key, value in m.rows.items():
