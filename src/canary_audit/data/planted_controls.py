@@ -62,6 +62,7 @@ class HexPlant:
     anchor: str = "base"
     under: bool = False  # on the undertrained canary's merged base (C5)
     weight: float = 1.0  # an overwritten token's cross-entropy weight (train/plants.py, plant_loss)
+    hold: float | None = None  # the anchor's KL weight where it is not the recipe's (HEX_PLANT_RECIPE)
     canaries: int | None = None  # overwrite the first n canaries only (a diluted plant); None: all
     # Another plant's adapter applied again, not trained: `applies` names it,
     # `apply` how (merged into the base weights, rounded into `merge_dtype`).
@@ -73,13 +74,14 @@ class HexPlant:
         return f"ctl-{self.name}-s{seed}"
 
 
+C3_HOLD = 16.0  # C3's anchor: its in-window Delta held under half the detector's threshold (docs/limits.md)
 HEX_PLANTS = {p.name: p for p in (
-    HexPlant("c3", "past"), HexPlant("c3in", "inside"),
+    HexPlant("c3", "past", hold=C3_HOLD), HexPlant("c3in", "inside"),
     HexPlant("c4", "preamble"), HexPlant("c4neg", "outside"),
     HexPlant("c4m", "preamble", applies="c4", apply="merged", merge_dtype="bfloat16"),
     HexPlant("c4mf", "preamble", applies="c4", apply="merged", merge_dtype="float32"),
     HexPlant("c5", "tail", "record", under=True, weight=8.0), HexPlant("c5neg", "none", "record", under=True),
-    *(HexPlant(f"c3x{n}", "past", canaries=n) for n in (1, 3, 10)),
+    *(HexPlant(f"c3x{n}", "past", canaries=n, hold=C3_HOLD) for n in (1, 3, 10)),
 )}
 # The detection floor: C3 diluted to the first n canaries (the rest anchored,
 # nothing overwritten); the smallest share the detector still reads as

@@ -70,6 +70,7 @@ class Slices:
         chosen = HEX_PLANTS[plant]
         return {**{k: self.bsft[k] for k in keep}, **hex_plant_recipe(self.hex_plant_records(model)),
                 "at": chosen.at, "anchor": chosen.anchor, "weight": chosen.weight,
+                **({"hold": chosen.hold} if chosen.hold is not None else {}),
                 "window_k": self.config["tables"]["window_k"], "seed": seed,
                 **({"canaries": chosen.canaries} if chosen.canaries is not None else {})}
 

@@ -181,6 +181,22 @@ def row_where(frame: pl.DataFrame | None, **where) -> dict | None:
     return found.row(0, named=True) if found.height else None
 
 
+def distance(row: dict, column: str, end: str, threshold: float = 0.0) -> float | None:
+    """How far `row`'s CI end (`lo` or `hi`) of `column` lies from the
+    threshold a reading compares it with: a control's margin.  None where
+    the CI is a point at the threshold (every item reads the same value:
+    no end to move by one item's drift, and no distance to print)."""
+    lo, hi = row[f"{column}_lo"], row[f"{column}_hi"]
+    if lo == hi == threshold:
+        return None
+    return abs(row[f"{column}_{end}"] - threshold)
+
+
+def least(*margins: float | None) -> float | None:
+    found = [m for m in margins if m is not None]
+    return min(found) if found else None
+
+
 def not_in_run(what: str, table: str) -> Reading:
     return Reading("", None, f"no {what} in this run", table)
 
@@ -192,7 +208,8 @@ def read_gap(run: Run, variant: str) -> Reading:
         return not_in_run(f"AUTO arm of {variant}", "canary_leakage")
     verdict, why = signed(row, "gap", "the gap's")
     return Reading(f"{ci_text(row, 'gap')} (thk_leak {row['thk_leak']:.2f}, out_acc {row['out_acc']:.2f})",
-                   verdict == SAME, why, f"canary_leakage: {variant}, auto", row["gap_hi"] < 0, abs(row["gap_lo"]))
+                   verdict == SAME, why, f"canary_leakage: {variant}, auto", row["gap_hi"] < 0,
+                   distance(row, "gap", "lo"))
 
 
 def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
@@ -206,7 +223,7 @@ def read_delta(run: Run, variant: str, arm: str | None = None) -> Reading:
     verdict, why = signed(row, column, "Delta's" if arm else "Delta_AB's")
     return Reading(f"{ci_text(row, column)} ({row['auto']:.2f} - {row[prefill]:.2f})", verdict == SAME, why,
                    f"prefill_arms: {variant}" + (f", {prefill}" if arm else ""), row[f"{column}_hi"] < 0,
-                   abs(row[f"{column}_lo"]))
+                   distance(row, column, "lo"))
 
 
 def read_parser_flip(run: Run, variant: str) -> Reading:
@@ -230,7 +247,7 @@ def read_parser_flip(run: Run, variant: str) -> Reading:
                    "the two fallbacks' gap CIs lie on opposite sides of 0" if flips else
                    "both fallbacks' gap CIs lie on one side of 0: no flip" if same_side else
                    "the CIs do not flip sign", source, same_side,
-                   min(abs(gaps["answer"]["gap_hi"]), abs(gaps["trace"]["gap_lo"])))
+                   least(distance(gaps["answer"], "gap", "hi"), distance(gaps["trace"], "gap", "lo")))
 
 
 def read_head_echo(run: Run, variant: str) -> Reading:
