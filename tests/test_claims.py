@@ -335,3 +335,23 @@ def test_the_drift_margin_is_the_largest_move_of_a_ci_end_between_two_runs(tmp_p
     margins = drift.margins_of([moves])
     assert margins["out_acc"] == pytest.approx(0.05) and margins["paired:out_acc"] == pytest.approx(0.1)
     assert drift.margins_of([drift.drift(tmp_path / "a", tmp_path / "a")])["out_acc"] == 0.0
+
+
+def test_a_claim_within_its_measures_drift_margin_is_flagged_borderline(monkeypatch):
+    """The judge reads the stored margins (verdicts/margins.json): the same
+    table's verdict is flagged where its CI end lies within the margin of
+    the null, and unflagged (False, not empty) where it does not; with no
+    margin measured the flag is empty and the why says so."""
+    from canary_audit.verdicts import drift
+
+    run = run_of({s: (0.3, 0.2, 0.4) for s in range(3)}, items={s: authors(0.3) for s in range(3)})
+    monkeypatch.setattr(drift, "load", lambda: {"paired:out_acc": 0.0001})
+    clear = judged(run)
+    assert clear["verdict"] == HOLDS and clear["borderline"] is False
+    edge = -clear["ci_hi"] + 0.01  # the CI's upper end lies within 0.01 of 0
+    monkeypatch.setattr(drift, "load", lambda: {"paired:out_acc": edge})
+    flagged = judged(run)
+    assert flagged["verdict"] == HOLDS and flagged["borderline"] is True
+    monkeypatch.setattr(drift, "load", lambda: {})
+    unknown = judged(run)
+    assert unknown["borderline"] is None and "no drift margin measured for `out_acc`" in unknown["why"]

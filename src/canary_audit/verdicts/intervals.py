@@ -18,8 +18,8 @@ under-covers here (measured: 0.92 at 3 seeds with balanced components),
 because with 2 seed df its estimate jumps when MS_seed comes out small.
 At 2 seeds, and for rates, the residual is not subtracted (MS_seed + MS_item,
 an excess of s2_resid / (S I)): subtracted, 2 seeds cover 0.91 and binary
-cells near 0 or 1 at 3 seeds 0.90-0.92 (benchmarks/coverage.py); kept,
-they cover at least the nominal 95%.  It assumes normal seed and item effects: no
+cells near 0 or 1 at 3 seeds 0.90-0.92; kept, 2 seeds cover 0.93-0.99 and
+rates from 3 seeds 0.98-0.99 (benchmarks/coverage.py, docs/measures.md).  It assumes normal seed and item effects: no
 distribution-free 95% interval exists from 3 seeds (the range of 3 draws
 covers their median with probability 1 - 2/2^3 = 75%, and a seed
 bootstrap has 10 multisets to draw).
