@@ -255,7 +255,7 @@ def test_a_deleted_default_is_an_error_not_another_value():
 def test_every_rule_runs_the_sub_command_named_after_it():
     """A rule's shell command is `python -m canary_audit <the rule's name>`,
     each sub-command serves a rule (or runs as a whole: status, plan,
-    floors),
+    floors, power),
     and jobs.MODEL_JOBS names the rules that load a model: a renamed rule
     or command fails here, not silently in the warm start or a benchmark."""
     import re
@@ -267,7 +267,7 @@ def test_every_rule_runs_the_sub_command_named_after_it():
     text = "\n".join(p.read_text() for p in sorted((ROOT / "rules").glob("*.smk")))
     runs = dict(re.findall(r'^rule (\w+):.*?command\(\s*"(\w+)"', text, re.S | re.M))
     assert all(rule == command for rule, command in runs.items()), runs
-    assert set(COMMANDS) == set(runs) | {"status", "plan", "floors"}
+    assert set(COMMANDS) == set(runs) | {"status", "plan", "floors", "power"}
     assert set(MODEL_JOBS) <= set(runs) and MODEL_COMMANDS == set(MODEL_JOBS)
 
 

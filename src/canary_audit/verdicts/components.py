@@ -74,7 +74,7 @@ def render(data: dict | None, seeds: int, authors: int) -> str:
         return "No variance components stored (`python -m canary_audit power --tables ... --store`)."
     lines = [f"Smallest effect each of the papers' value claims detects at 80% power (two-sided 5%) at this "
              f"config's {seeds} seed(s) x {authors} authors, from the components of {data.get('run') or 'a stored run'}"
-             " (the seed component's, where one seed runs, left out: say so):", "",
+             " (with one seed the seed component cannot enter: such a figure is marked):", "",
              "| claim | measured at | detectable here | the claim's effect | within reach |", "|---|---|---|---|---|"]
     for row in data["claims"]:
         c = _components(row)

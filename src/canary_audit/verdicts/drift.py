@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from canary_audit.data.planted_controls import CONTROL
-from canary_audit.verdicts.intervals import RATE
+from canary_audit.verdicts.intervals import DIFFERENCE, RATE, interval
 from canary_audit.verdicts.measures import MEASURES
+from canary_audit.views.seeds import CELLS_TABLE
 
 MARGINS = Path(__file__).with_name("margins.json")
 PAIRED = "paired:"  # the key prefix of a rate measure's margin as a paired difference (two rates move)
@@ -67,21 +69,64 @@ def drift(a: Path, b: Path) -> pl.DataFrame:
         if moves.len():
             rows.append({"measure": m.name, "scale": m.scale, "ends": moves.len(), "max": float(moves.max()),
                          "p95": float(moves.quantile(0.95))})
+    rows += _cell_drift(a, b, planted)
     return pl.DataFrame(rows, schema={"measure": pl.Utf8, "scale": pl.Utf8, "ends": pl.Int64, "max": pl.Float64,
                                       "p95": pl.Float64})
 
 
-def margins_of(drifts: list[pl.DataFrame]) -> dict[str, float]:
-    """Each measure's margin: its largest move over every pair; a rate's
-    paired difference (against a parent or a reference) moves by at most
-    the sum of its two rates' moves."""
-    table = pl.concat(drifts).group_by("measure", "scale").agg(pl.col("max").max())
+def _cell_intervals(tables: Path, column: str, scale: str, parents: dict[str, str]) -> dict[str, tuple]:
+    """The judge's own intervals from a run's item cells (one seed's layout
+    per variant): each variant's, and (key PAIRED + variant) its paired
+    difference against its parent."""
+    cells = _table(tables, CELLS_TABLE)
+    if cells is None:
+        return {}
+    cells = cells.filter(pl.col("column") == column)
+    by = {v: dict(zip(*part.select("group_id", "value").get_columns(), strict=True))
+          for (v,), part in cells.group_by("variant")}
     out = {}
-    for measure, scale, largest in table.sort("measure").iter_rows():
-        out[measure] = largest
-        if scale == RATE:
-            out[PAIRED + measure] = 2 * largest
+    for variant, values in by.items():
+        items = sorted(values)
+        out[variant] = interval(np.array([[values[i] for i in items]]), scale).at(0.95)
+        parent = by.get(parents.get(variant) or "")
+        if parent and set(parent) >= set(items):
+            paired = np.array([[values[i] - parent[i] for i in items]])
+            out[PAIRED + variant] = interval(paired, DIFFERENCE if scale == RATE else scale).at(0.95)
     return out
+
+
+def _cell_drift(a: Path, b: Path, planted: list[str]) -> list[dict]:
+    """The drift of the intervals the judge builds from item cells (paper
+    A's rates), alone and paired against the parent: the margins a claim on
+    them is flagged by."""
+    variants = json.loads((a / "view_config.json").read_text()).get("variants", {})
+    parents = {n: v.get("parent") for n, v in variants.items() if v.get("parent")}
+    rows = []
+    for m in MEASURES.values():
+        if m.read is not None or not m.pooled:
+            continue
+        left, right = (_cell_intervals(t, m.pooled, m.scale, parents) for t in (a, b))
+        for paired in (False, True):
+            keys = [k for k in left if k in right and k.startswith(PAIRED) == paired
+                    and k.removeprefix(PAIRED) not in planted]
+            moves = [abs(left[k][j] - right[k][j]) for k in keys for j in (0, 1)]
+            if moves:
+                rows.append({"measure": (PAIRED if paired else "") + m.name, "scale": m.scale, "ends": len(moves),
+                             "max": float(max(moves)), "p95": float(np.quantile(moves, 0.95))})
+    return rows
+
+
+def margins_of(drifts: list[pl.DataFrame]) -> dict[str, float]:
+    """Each measure's margin: its largest move over every pair, of its
+    table's CI ends and of the judge's item-cell intervals; a rate's paired
+    difference moves by its measured paired drift where the run has item
+    cells, else by at most the sum of its two rates' moves."""
+    table = pl.concat(drifts).group_by("measure", "scale").agg(pl.col("max").max())
+    out = dict(table.select("measure", "max").iter_rows())
+    for measure, scale, largest in table.sort("measure").iter_rows():
+        if scale == RATE and not measure.startswith(PAIRED) and PAIRED + measure not in out:
+            out[PAIRED + measure] = 2 * largest
+    return dict(sorted(out.items()))
 
 
 def load() -> dict[str, float]:

@@ -114,11 +114,16 @@ def _sweep_figures(run: Run) -> dict[str, str]:
                     f"{gap['seeds']} training seeds: the verdicts and the gap pooled over them, the other figures "
                     "seed 0's")
     out["paper_a_gap"] = gap["paper_value"].split(" ")[0]
+    power = gap["power"] or ""
+    detects = power.split(": ", 1)[1].split(" with ")[0] if ": " in power else ""
+    needs = power.split("; the stated effect ", 1)[1].split(" ", 1)[1] if "; the stated effect " in power else ""
     out["paper_a_gap_verdict"] = (f"{gap['verdict']}" + (f", {gap['qualifier']}" if gap["qualifier"] else "")
-                                  + (" (borderline)" if gap["borderline"] else "") + f" ({gap['why']}; {gap['power']})")
+                                  + (", borderline" if gap["borderline"] else "")
+                                  + (f" (this run detects {detects} at 80% power; the paper's effect {needs})"
+                                     if detects and needs else ""))
     out["npo_gap_per_seed"] = gap["per_seed"] or "one seed"
     out["gap_reading"] = ("the answer first, the trace after it" if gap["verdict"] == HOLDS
-                          else "the answer, and the trace not clearly after it")
+                          else "the answer and the trace, with no gap this run can show")
     arms = _one(_need(run, "prefill_arms").filter(_of(f"{TEXT}/mem-bio-s0")), f"prefill_arms for {TEXT}/mem-bio-s0")
     out["bio_auto"] = f"{arms['auto']:.2f}"
     out["bio_prefills"] = " / ".join(f"{arms[f'prefill_{a}']:.2f}" for a in ("bio", "empty", "meta"))

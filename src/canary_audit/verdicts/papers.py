@@ -212,8 +212,18 @@ def head_echo_share(run: Run, names: list[str], selector: dict) -> Ours:
     if head is None or anatomy is None:
         return _no_headline()
     read = lambda n: read_head_echo(run, n)  # noqa: E731
-    if any(read(n).effect is not None for n in run.seeds_of(head[0])):
-        return _seeds(run, head[0], read, _effect(read), None)
+    seeds = run.seeds_of(head[0])
+    if any(read(n).effect is not None for n in seeds):
+        def pooled(_row: dict) -> Reading:  # the seeds' bypass cases counted together
+            rows = anatomy.filter(pl.col("variant").is_in(seeds) & (pl.col("bypass_cases") > 0))
+            return echo(int(rows["prefix_only"].sum()), int(rows["bypass_cases"].sum()),
+                        f"bypass_anatomy: {rows.height} seeds of {head[0]}, counted together")
+
+        def direction(n: str) -> float | None:  # a seed against the paper only where its own CI says so
+            r = read(n)
+            return None if r.effect is None else 1.0 if r.effect else -1.0 if r.against else 0.0
+
+        return _seeds(run, head[0], read, direction, pooled)
     pooled = run.audited(anatomy).filter(pl.col("bypass_cases") > 0)
     if pooled.is_empty():
         return Ours("0 bypass cases", NOT_MEASURABLE, "no audited variant of this run has a bypass case",
