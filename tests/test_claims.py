@@ -329,7 +329,11 @@ def test_the_drift_margin_is_the_largest_move_of_a_ci_end_between_two_runs(tmp_p
                        "out_acc_hi": 0.4},
                       {"variant": "m/ctl-head-s0", "arm": "auto", "out_acc": 0.3, "out_acc_lo": 0.2 + 10 * moved,
                        "out_acc_hi": 0.4}]).write_csv(folder / "canary_leakage.csv")
+        pl.DataFrame([{"model": "m", "seed": 0, "modality": "text", "claim": "bypass_gap",
+                       "negative": "m/mem-meta-s0", "positive_margin": 0.9, "negative_margin": 0.2 - moved}]
+                     ).write_csv(folder / "controls.csv")
     moves = drift.drift(tmp_path / "a", tmp_path / "b")
+    assert drift.margins_of([moves])["control:bypass_gap"] == pytest.approx(0.05)  # the control's own drift
     out_acc = moves.filter(pl.col("measure") == "out_acc").row(0, named=True)
     assert out_acc["max"] == pytest.approx(0.05) and out_acc["ends"] == 3
     margins = drift.margins_of([moves])

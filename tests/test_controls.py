@@ -279,6 +279,10 @@ def test_a_control_under_the_drift_margin_does_not_clear_it(monkeypatch):
     assert controls_table(_run(planted=True), {"bypass_gap": ""}, {})["clears_drift"].to_list() == [True]
     monkeypatch.setattr(drift, "load", lambda: {"bypass_gap": 10.0})
     assert controls_table(_run(planted=True), {"bypass_gap": ""}, {})["clears_drift"].to_list() == [False]
+    # the control's own measured drift comes first
+    monkeypatch.setattr(drift, "load", lambda: {"bypass_gap": 10.0, "control:bypass_gap": 1e-6})
+    row = controls_table(_run(planted=True), {"bypass_gap": ""}, {}).row(0, named=True)
+    assert row["drift_margin"] == 1e-6 and row["clears_drift"] is True
 
 
 def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm():

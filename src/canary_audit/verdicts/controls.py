@@ -71,8 +71,11 @@ DRIFT_OF = {"bypass_gap": ("bypass_gap",), "delta_ab": ("delta_ab",), "teacher_f
 
 
 def drift_margin(run: Run, key: str, stored: dict[str, float]) -> float | None:
-    """The stated margin a control's readings must clear (None: no pair
-    measured its measure)."""
+    """The stated margin a control's readings must clear: its own drift
+    where a pair measured it (drift.CONTROL_KEY), else its measure's
+    (None: no pair measured either)."""
+    if drift.CONTROL_KEY + key in stored:
+        return stored[drift.CONTROL_KEY + key]
     found = [stored[m] for m in DRIFT_OF.get(key, ()) if m in stored]
     if not found:
         return None

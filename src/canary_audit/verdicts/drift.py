@@ -31,6 +31,7 @@ from canary_audit.views.seeds import CELLS_TABLE
 
 MARGINS = Path(__file__).with_name("margins.json")
 PAIRED = "paired:"  # the key prefix of a rate measure's margin as a paired difference (two rates move)
+CONTROL_KEY = "control:"  # the key prefix of a planted control's own drift (controls.py reads it first)
 
 
 def _table(tables: Path, name: str) -> pl.DataFrame | None:
@@ -69,7 +70,7 @@ def drift(a: Path, b: Path) -> pl.DataFrame:
         if moves.len():
             rows.append({"measure": m.name, "scale": m.scale, "ends": moves.len(), "max": float(moves.max()),
                          "p95": float(moves.quantile(0.95))})
-    rows += _cell_drift(a, b, planted)
+    rows += _cell_drift(a, b, planted) + _control_drift(a, b)
     return pl.DataFrame(rows, schema={"measure": pl.Utf8, "scale": pl.Utf8, "ends": pl.Int64, "max": pl.Float64,
                                       "p95": pl.Float64})
 
@@ -113,6 +114,28 @@ def _cell_drift(a: Path, b: Path, planted: list[str]) -> list[dict]:
             if moves:
                 rows.append({"measure": (PAIRED if paired else "") + m.name, "scale": m.scale, "ends": len(moves),
                              "max": float(max(moves)), "p95": float(np.quantile(moves, 0.95))})
+    return rows
+
+
+def _control_drift(a: Path, b: Path) -> list[dict]:
+    """Each planted control's own drift (key CONTROL_KEY + claim): the move
+    of its readings' margins (the distance of the CI end each turned on
+    from its threshold) between the two runs, row by row; a control is
+    judged against the drift of its own instrument where a pair measured
+    it, not the largest move of any variant of its measure."""
+    left, right = _table(a, "controls"), _table(b, "controls")
+    if left is None or right is None or "positive_margin" not in left.columns or "positive_margin" not in right.columns:
+        return []
+    keys = [k for k in ("model", "seed", "modality", "claim", "negative") if k in left.columns and k in right.columns]
+    ends = ("positive_margin", "negative_margin")
+    joined = left.select(*keys, *ends).join(right.select(*keys, *ends), on=keys, suffix="_b")
+    rows = []
+    for (claim,), part in joined.group_by("claim", maintain_order=True):
+        moves = [abs(x - y) for e in ends for x, y in zip(part[e], part[f"{e}_b"], strict=True)
+                 if x is not None and y is not None]
+        if moves:
+            rows.append({"measure": CONTROL_KEY + claim, "scale": "control", "ends": len(moves),
+                         "max": float(max(moves)), "p95": float(np.quantile(moves, 0.95))})
     return rows
 
 
