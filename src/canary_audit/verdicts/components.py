@@ -82,7 +82,8 @@ def render(data: dict | None, seeds: int, authors: int) -> str:
         effect = row["effect"]
         reach = "n/a" if effect is None else "yes" if abs(effect) >= d else "no"
         lines.append(f"| {row['claim']} | {row['seeds']} seeds x {row['items']} authors | {d:.3g}"
-                     + (" (no seed variance)" if seeds < 2 else "") + f" | {'' if effect is None else effect} | "
+                     + (" (one seed: the author-level test, seed variance not in it)" if seeds < 2 else "")
+                     + f" | {'' if effect is None else effect} | "
                      f"{reach} |")
     return "\n".join(lines)
 
