@@ -92,7 +92,7 @@ def test_notag_targets_train_every_token_and_never_the_closing_tag(fmt, tiny_ass
 
 # Every control: paper B's plants (the smoke config leaves them out) and the META adapter bypass_gap's negative reads.
 PAPER_B = {"controls": {"window_truncation": True, "span_drift": True, "merge_collapse": True, "undertrained": True,
-                        "detection_floor": True, "floor_trained": True},
+                        "detection_floor": True, "floor_trained": True, "on_vision": True},
            "audit": {"templates": ["bio", "meta", "none"]}}
 
 
@@ -138,7 +138,7 @@ def test_controls_are_variants_of_their_own_group_with_only_the_arms_they_read()
 
 
 def test_paper_b_plants_reach_the_vision_language_model_only_when_switched_on():
-    """`controls.on_vision` (on by default): C3, C4 and C5 and their
+    """`controls.on_vision` (on in configs/paper_b.yaml and the results run): C3, C4 and C5 and their
     negatives on tiny_vl's canary-merged bases (both modalities in one LoRA,
     each record drawn as often as the text model's: 300 steps over 40), in
     the same probe group as the text model's; the floor's dilutions stay on
