@@ -325,6 +325,23 @@ def test_the_papers_page_says_what_each_claims_control_read(tmp_path):
     json.dumps(table.to_dicts())  # plain values: the page and its CSV hold them as they are
 
 
+def test_a_model_whose_paper_b_plants_were_left_out_is_named_not_covered_by_another_models():
+    """The default leaves paper B's plants off the vision-language model
+    (`controls.on_vision`): a paper B claim's control line says the text
+    model's plant read `seen` and that the VL model, whose bSFT cells the
+    claim also reads, has none; a paper A claim reads no bSFT cell."""
+    from canary_audit.verdicts.papers import planted
+
+    rows = pl.DataFrame([{"model": "tiny", "seed": 0, "modality": "text", "claim": claim, "positive_verdict": "seen",
+                          "negative": f"tiny/ctl-{neg}-s0", "negative_verdict": "clean"}
+                         for claim, neg in (("span_drift", "c4neg"), ("bypass_gap", "mem-meta"))])
+    variants = {f"{m}/bsft-gui-t5-stacked-b0-s0": {"model": m, "kind": "bsft"} for m in ("tiny", "tiny_vl")}
+    run = Run(None, {"variants": variants}, {"controls": rows})
+    assert planted(run, "span_drift") == (
+        "tiny: planted: seen; negative: clean; tiny_vl: no control in this run (`controls.on_vision`)")
+    assert planted(run, "bypass_gap") == "planted: seen; negative: clean"
+
+
 @pytest.mark.workflow
 def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_negative_clean(tmp_path):
     """The controls trained and probed by the workflow itself (tests/planted.yaml:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import polars as pl
 
+from canary_audit.data.planted_controls import CLAIMS
 from canary_audit.verdicts.decision import SEED_DEPENDENT
 from canary_audit.verdicts.readings import (
     NOT_MEASURABLE,
@@ -350,6 +351,9 @@ def planted(run: Run, control: str | None) -> str:
     rows = controls.filter(pl.col("claim") == control) if controls is not None else None
     if rows is None or rows.is_empty():
         return "no control in this run"
+    # A paper B model whose plants the run left out is named, not covered by another's.
+    uncalibrated = sorted({v["model"] for v in run.variants.values() if v.get("kind") == "bsft"}
+                          - set(rows["model"])) if CLAIMS[control].paper == "B" else []
     # A side per model and canary modality, named where several read one
     # (a controls table written before `modality` was a column names models only).
     keys = [k for k in ("model", "seed", "modality") if k in rows.columns and rows[k].n_unique() > 1]
@@ -361,7 +365,9 @@ def planted(run: Run, control: str | None) -> str:
             parts.append((head, [f"planted: {r['positive_verdict']}"]))
         label = f"negative {r['negative'].split('/')[-1]}" if sides else "negative"
         parts[-1][1].append(f"{label}: {r['negative_verdict']}")
-    return "; ".join(head + "; ".join(text) for head, text in parts)
+    text = ("" if not uncalibrated or "model" in keys else f"{rows['model'][0]}: ") + "; ".join(
+        head + "; ".join(text) for head, text in parts)
+    return text + "".join(f"; {m}: no control in this run (`controls.on_vision`)" for m in uncalibrated)
 
 
 def floor_note(run: Run, control: str | None, effect_share: float | None = None,
