@@ -285,6 +285,24 @@ def test_a_control_under_the_drift_margin_does_not_clear_it(monkeypatch):
     assert row["drift_margin"] == 1e-6 and row["clears_drift"] is True
 
 
+def test_a_controls_own_drift_is_the_move_of_its_nearer_margin(tmp_path):
+    """drift._control_drift measures what clears_drift compares: the least
+    of a row's two margins, run against run.  A negative far from its
+    threshold moving by 3 is no drift; the positive near it moving by 0.5 is."""
+    from canary_audit.verdicts.drift import _control_drift
+
+    def controls(folder, positive, negative, collapse):
+        folder.mkdir()
+        pl.DataFrame({"model": ["tiny", "tiny"], "seed": [0, 0], "modality": ["text", "text"],
+                      "claim": ["undertrained", "merge_collapse"], "negative": ["tiny/ctl-c5neg-s0", "tiny/ctl-c4m-s0"],
+                      "positive_margin": [positive, None], "negative_margin": [negative, collapse]},
+                     ).write_csv(folder / "controls.csv")
+        return folder
+
+    rows = {r["measure"]: r["max"] for r in _control_drift(controls(tmp_path / "a", 1.0, 19.0, 117.0),
+                                                           controls(tmp_path / "b", 0.5, 14.0, 114.0))}
+    assert rows == {"control:undertrained": pytest.approx(0.5), "control:merge_collapse": pytest.approx(3.0)}
+
 def test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm():
     removed = controls_table(_run(planted=False), ALL, {})
     assert set(removed.filter(pl.col("claim") != "merge_collapse")["positive_verdict"]) == {MISSED}
@@ -639,3 +657,28 @@ def test_the_docs_floor_table_is_the_stored_floors():
         assert (cells[4], cells[5]) == (exponent, need), (claim, cells)
         quoted = float(re.sub(r"[^0-9.]", "", cells[2].split(" ")[0])) / (100 if "%" in cells[2] else 1)
         assert quoted == pytest.approx(row["measured"]["20"], rel=0.01), (claim, cells)  # the floor at 20
+
+
+def test_the_docs_margin_tables_are_the_stored_margins():
+    """docs/reliability.md quotes verdicts/margins.json: each measure's
+    margin (alone and paired) and each control's own drift, to the three
+    significant figures it prints."""
+    from conftest import ROOT
+
+    from canary_audit.verdicts.drift import CONTROL_KEY, PAIRED, load
+
+    stored, text = load(), (ROOT / "docs" / "reliability.md").read_text()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.strip().startswith("| ") and not line.strip().startswith("| measure")
+            and not line.strip().startswith("| control")]
+    quoted = {}
+    for cells in rows:
+        if len(cells) == 4 and cells[0] in stored:  # measure, unit, margin, paired
+            quoted[cells[0]] = cells[2]
+            if cells[3]:
+                quoted[PAIRED + cells[0]] = cells[3]
+        elif len(cells) == 3 and CONTROL_KEY + cells[0] in stored:  # control, drift, least margin
+            quoted[CONTROL_KEY + cells[0]] = cells[1]
+    assert sum(k.startswith(CONTROL_KEY) for k in quoted) == sum(k.startswith(CONTROL_KEY) for k in stored)
+    for key, value in quoted.items():
+        assert float(value) == pytest.approx(stored[key], rel=5e-3, abs=5e-5), key
