@@ -151,6 +151,8 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from canary_audit.model.quantize import parse, quantize_model
+
     check_checkpoint(spec)
     for key, value in (("dtype", spec.dtype), ("merge_dtype", spec.merge_precision)):
         if value not in DTYPES:
@@ -168,12 +170,16 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     # card); the CPU otherwise.  Multi-device sharding is not handled yet.
     model.to("cuda" if torch.cuda.is_available() else "cpu")
     merged = False
+    if spec.quantize and trainable_last:
+        raise ModelLoadError(f"model `{spec.name}`: a quantized variant ({spec.quantize}) is scored, never trained")
     for i, adapter in enumerate(adapters):
         model = apply_adapter(model, Path(adapter), trainable=trainable_last and i == len(adapters) - 1)
-        if i < len(adapters) - 1 or merge_all:
+        if i < len(adapters) - 1 or merge_all or spec.quantize:
             model, merged = model.merge_and_unload(), True
     if merged:
         round_weights(model, spec.merge_precision)
+    if spec.quantize:
+        quantize_model(model, parse(spec.quantize))
     if not trainable_last:
         model.eval()
     return model
@@ -276,9 +282,9 @@ class VariantModels:
 
     @contextmanager
     def model(self, spec: ModelSpec, adapters: list[Path] = (), merged: bool = False):
-        if merged or len(adapters) > 1:
+        if merged or len(adapters) > 1 or spec.quantize:
             model = load_model(spec, adapters, merge_all=merged)
-            if adapters and not merged and folds_live_adapters(spec):
+            if adapters and not merged and not spec.quantize and folds_live_adapters(spec):
                 with folded(model) as model:
                     yield model
             else:
@@ -317,9 +323,13 @@ def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False
     records say exactly which weights produced them.  File digests come from
     `cache_dir` where it has them (provenance.file_digest): one read of a
     file per content, not one per manifest and pass."""
+    from canary_audit.model.quantize import parse
+
     h = hashlib.sha256(f"merged:{spec.merge_precision}".encode() if merged else b"")
     if len(adapters) > 1:  # the adapters under the last are merged, in the merge precision
         h.update(f"stack:{spec.merge_precision}".encode())
+    if spec.quantize:  # every adapter merged in the merge precision, then quantized
+        h.update(f"quantize:{parse(spec.quantize).name}:{spec.merge_precision}".encode())
     files = sorted(spec.path.glob("*.safetensors")) + [
         Path(a) / "adapter_model.safetensors" for a in adapters
     ]

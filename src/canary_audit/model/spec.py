@@ -24,6 +24,10 @@ class ModelSpec:
     trust_remote_code: bool = False
     vision: bool = False  # a vision-language checkpoint (Qwen2.5-VL): images are fed to its vision tower
     merge_dtype: str | None = None  # the precision a merge rounds the weights into (None: `dtype`)
+    # A recovery variant's quantization attack (model/quantize.py format name):
+    # its effective weights, every adapter merged, quantized at load.  Set
+    # by the design for a variant, never by a `models:` entry.
+    quantize: str | None = None
 
     @property
     def merge_precision(self) -> str:
@@ -62,4 +66,5 @@ class ModelSpec:
             trust_remote_code=bool(entry.get("trust_remote_code", False)),
             vision=bool(entry.get("vision", False)),
             merge_dtype=entry.get("merge_dtype"),
+            quantize=entry.get("quantize"),
         )

@@ -37,15 +37,16 @@ class ManifestVariant:
     merged: bool  # its last adapter merged into the weights
     fingerprint: str
     merge_dtype: str | None  # the precision its merges round into
+    quantize: str | None = None  # its quantization attack (model/quantize.py), applied at load
 
     @classmethod
     def read(cls, path: Path) -> ManifestVariant:
         m = json.loads(Path(path).read_text())
         return cls(f"{m['model']}/{m['variant']}", Path(m["base_path"]), [Path(a) for a in m["adapters"]],
-                   m.get("apply") == "merged", m["fingerprint"], m.get("merge_dtype"))
+                   m.get("apply") == "merged", m["fingerprint"], m.get("merge_dtype"), m.get("quantize"))
 
     def spec(self, model: ModelSpec) -> ModelSpec:
-        spec = dataclasses.replace(model, path=self.base)
+        spec = dataclasses.replace(model, path=self.base, quantize=self.quantize)
         return dataclasses.replace(spec, merge_dtype=self.merge_dtype) if self.merge_dtype else spec
 
 
