@@ -167,11 +167,13 @@ def base_input(wildcards):
     return [DESIGN.model_path(model)] if config["models"][model].get("embedded") else []
 
 
-def model_json(wildcards, path=None, merge_dtype=None):
+def model_json(wildcards, path=None, merge_dtype=None, quantize=None):
     """The model entry a job reads (Design.model_entry), as JSON; a variant
-    whose merge rounds into its own precision names it (`merge_dtype`)."""
+    whose merge rounds into its own precision names it (`merge_dtype`), and
+    a recovery variant its quantization format (`quantize`)."""
     entry = DESIGN.model_entry(wildcards.model, path)
-    return canonical({**entry, "merge_dtype": merge_dtype} if merge_dtype else entry)
+    own = {"merge_dtype": merge_dtype, "quantize": quantize}
+    return canonical({**entry, **{k: v for k, v in own.items() if v}})
 
 
 def variant_entry(wildcards):

@@ -20,7 +20,10 @@ rule variant_manifest:
         **job_resources("light"),
     params:
         model=lambda w: model_json(
-            w, variant_entry(w).base, variant_entry(w).merge_dtype
+            w,
+            variant_entry(w).base,
+            variant_entry(w).merge_dtype,
+            variant_entry(w).quantize,
         ),
         adapters=lambda w: " ".join(variant_entry(w).adapters),
         apply=lambda w: variant_entry(w).apply,

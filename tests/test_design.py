@@ -66,6 +66,13 @@ def design_of(*overrides: dict) -> Design:
     ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),
     ({"audit": {"templates": [], "hex_canaries": False}}, "nothing to audit"),
     ({"unlearn": {"runs": {"mem": {"method": "ga", "templates": ["bio"]}}}}, "`mem` names the design's own"),
+    ({"recovery": {"unlearned": ["npo-*-k20"], "quantize": ["int4-row"]}},
+     "`recovery.unlearned[0]`: `npo-*-k20` selects no unlearned variant (known: ga-bio-s0-k3, ga-bio-s0-k5, "
+     "npo-bio-s0-k3, npo-bio-s0-k5)"),
+    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int3"]}},
+     "`recovery.quantize[0]`: quantization format `int3` is not one of"),
+    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": []}}, "`recovery.quantize` is empty"),
+    ({"recovery": {"unlearned": [], "quantize": ["nf4"]}}, "`recovery.unlearned` is empty"),
 ])
 def test_cross_key_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=None) as err:
@@ -84,6 +91,7 @@ def test_cross_key_errors_name_the_key(override, message):
     # One retain weight for every method (a37bf86's form) is no longer a key.
     ({"unlearn": {"retain_weight": 1.0}}, "'retain_weight' was unexpected"),
     ({"unlearn": {"runs": {"x": {"method": "rmu2", "templates": []}}}}, "'rmu2' is not one of"),
+    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int4"], "relearn": {}}}, "'relearn' was unexpected"),
 ])
 def test_schema_errors_name_the_value(override, message):
     from snakemake.exceptions import WorkflowError
@@ -606,3 +614,24 @@ def test_the_design_and_the_registries_import_no_execution_module():
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             found += [f"{path.relative_to(pkg)}: {n}" for n in names if n.startswith(execution)]
     assert not found, found
+
+
+def test_a_recovery_attack_reads_the_unlearned_variant_its_parent_and_reference_quantized():
+    """Each selected unlearned variant, its memorized parent (the ceiling)
+    and its never-trained reference (the negative) get a variant per format,
+    its twin as parent, in one probe group of their own running the author
+    probes; nothing else of the design changes."""
+    plain = design_of()
+    attacked = design_of({"recovery": {"unlearned": ["npo-bio-*-k5"], "quantize": ["int4-row", "nf4"]}})
+    made = {n: v for n, v in attacked.variants("tiny").items() if n not in plain.variants("tiny")}
+    twins = ("mem-bio-s0", "npo-bio-s0-k5", "reference-meta-s0")
+    assert set(made) == {f"{t}.{f}" for t in twins for f in ("int4-row", "nf4")}
+    for name, v in made.items():
+        twin = plain.variants("tiny")[v.parent]
+        assert v.kind == "recovery" and name == f"{twin.name}.{v.quantize}" and v.group == "recovery-mem-bio-s0"
+        assert (v.base, v.adapters, v.template, v.seed, v.k) == (twin.base, twin.adapters, twin.template, twin.seed,
+                                                                 twin.k)
+        assert v.fields()["quantize"] == v.quantize
+    assert "quantize" not in plain.variants("tiny")["npo-bio-s0-k5"].fields()  # other manifests keep their params
+    assert attacked.probe_sets_of("tiny", "recovery-mem-bio-s0") == plain.probe_sets_of("tiny", "mem-bio-s0")
+    assert "recovery" in attacked.table_names() and "recovery" not in plain.table_names()

@@ -21,10 +21,10 @@ DOCS = {p.relative_to(ROOT).as_posix(): p.read_text()
 
 
 def shipped_variants() -> set[str]:
-    """The variant names the default, smoke, seeds and paper configs make."""
+    """The variant names the default, smoke, seeds, paper and recovery configs make."""
     default = yaml.safe_load((ROOT / "workflow_config.yaml").read_text())
     names = set()
-    for layer in ("smoke", "seeds", "paper_a", "paper_b", "strata", None):
+    for layer in ("smoke", "seeds", "paper_a", "paper_b", "strata", "recovery", None):
         config = merge(default, yaml.safe_load((ROOT / "configs" / f"{layer}.yaml").read_text())) if layer \
             else merge(default)
         validate(config, str(SCHEMA))

@@ -3,12 +3,14 @@ built: a Design that exists is one the workflow can run."""
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from canary_audit.data.planted_controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
 from canary_audit.design.slices import resolved_settings
+from canary_audit.model.quantize import QuantizeError, parse
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.kinds.author import check_prefill_templates
 from canary_audit.verdicts.claims import ClaimError, check_selectors, fields_of
@@ -157,6 +159,7 @@ class Checks:
             raise ConfigError(str(err)) from None
         self._check_controls()
         self._check_layers()
+        self._check_recovery()
         self._check_claims()
         contrast = cfg["tables"]["prefill_contrast"]
         if cfg["probes"]["prefills"] and contrast not in cfg["probes"]["prefills"]:
@@ -177,6 +180,32 @@ class Checks:
             check_selectors(parsed, fields_of(self.variant_table(), self.cells()))
         except ClaimError as err:
             raise ConfigError(str(err)) from None
+
+    def _check_recovery(self) -> None:
+        """Refuse a recovery block that would run nothing or that names what
+        does not exist: a format the quantizer does not know, a pattern that
+        selects no unlearned variant (naming the ones there are), or
+        unlearned variants with no attack (or an attack with no variant)."""
+        recovery = self.config.get("recovery")
+        if not recovery:
+            return
+        for i, fmt in enumerate(recovery["quantize"]):
+            try:
+                parse(fmt)
+            except QuantizeError as err:
+                raise ConfigError(f"config key `recovery.quantize[{i}]`: {err}") from None
+        if bool(recovery["unlearned"]) != bool(recovery["quantize"]):
+            empty = "quantize" if recovery["unlearned"] else "unlearned"
+            raise ConfigError(f"config key `recovery.{empty}` is empty, so `recovery` attacks nothing; name "
+                              f"{'an attack' if empty == 'quantize' else 'the unlearned variants to attack'}, "
+                              "or drop the `recovery` block")
+        unlearned = sorted({n for m in self.config["audit"]["models"] for n, v in self.variants(m).items()
+                            if v.kind == "unlearned"})
+        for i, pattern in enumerate(recovery["unlearned"]):
+            if not any(fnmatchcase(n, pattern) for n in unlearned):
+                raise ConfigError(f"config key `recovery.unlearned[{i}]`: `{pattern}` selects no unlearned variant "
+                                  f"(known: {', '.join(unlearned) or 'none: the run unlearns nothing'}); "
+                                  "name one of them, or a pattern that matches one")
 
     def _check_controls(self) -> None:
         """Refuse a prefill arm named like a planted control's.  (A switched-on

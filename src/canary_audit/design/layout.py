@@ -109,8 +109,11 @@ class Variant:
     k: int | None = None
     settings: str | None = None
     merge_dtype: str | None = None  # what its merge rounds into, where not the model's `merge_dtype`
+    quantize: str | None = None  # a recovery variant's quantization format (model/quantize.py)
 
     def fields(self) -> dict:
         """The structured fields a view joins (no paths)."""
         keep = ("kind", "template", "seed", "run", "method", "k", "settings", "parent", "group", "apply")
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        # `quantize` only where set: every other manifest keeps its params (and its jobs their cache)
+        attack = {"quantize": self.quantize} if self.quantize else {}
+        return {**{k: v for k, v in asdict(self).items() if k in keep}, **attack}

@@ -4,6 +4,8 @@ references, planted controls, the canary LoRA and paper B's cells)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from canary_audit.data.chat_format import retain_form
@@ -25,6 +27,7 @@ from canary_audit.design.layout import (
     ConfigError,
     Variant,
 )
+from canary_audit.model.quantize import RECOVERY
 
 
 class Variants:
@@ -48,6 +51,7 @@ class Variants:
         out = {"base": Variant("base", "base", base, (), None, "base")}
         if self.own_secrets(model):  # the model before the fine-tune, and the imports made from it
             out.update(self._import_variants(model, out))
+            out.update(self._recovery_variants(model, out))
             return out
         for seed in audit["seeds"]:
             for template in self.templates_of(model):
@@ -86,6 +90,35 @@ class Variants:
                     out.update(self._bsft_variants(model, seed))
                     out.update(self._control_hex_variants(model, seed))
         out.update(self._import_variants(model, out))
+        out.update(self._recovery_variants(model, out))
+        return out
+
+    def recovery_targets(self, model: str, design: dict[str, Variant]) -> list[str]:
+        """The unlearned variants of `model` the recovery attacks select
+        (`recovery.unlearned`: patterns over their names), in audit order."""
+        patterns = self.config.get("recovery", {}).get("unlearned", [])
+        return [n for n, v in design.items() if v.kind == "unlearned" and any(fnmatchcase(n, p) for p in patterns)]
+
+    def _recovery_variants(self, model: str, design: dict[str, Variant]) -> dict[str, Variant]:
+        """The quantization attack on each selected unlearned variant, on its
+        parent (the attack's ceiling: what quantizing the memorized model
+        keeps) and on its never-trained reference (its negative), each
+        `<variant>.<format>`: the same weights, every adapter merged and
+        quantized at load (model/quantize.py), judged against the
+        unquantized variant (its parent).  One probe group per memorized
+        parent, so an attack added re-runs its own passes only."""
+        out: dict[str, Variant] = {}
+        for target in self.recovery_targets(model, design):
+            unlearned = design[target]
+            parent = design.get(unlearned.parent or "")
+            reference = design.get(self.reference_of(parent.template, parent.seed)) if parent else None
+            group = f"recovery-{parent.name if parent else target}"
+            for fmt in self.config["recovery"]["quantize"]:
+                for twin in (v for v in (parent, unlearned, reference) if v is not None):
+                    name = f"{twin.name}.{fmt}"
+                    if name not in out:
+                        out[name] = replace(twin, name=name, kind=RECOVERY, parent=twin.name, group=group,
+                                            cell=None, quantize=fmt)
         return out
 
     def _control_variants(self, model: str, seed: int) -> dict[str, Variant]:

@@ -92,6 +92,8 @@ class Views:
             parts |= {"paper_a"} | ({"seeds"} if len(self.config["audit"]["seeds"]) > 1 else set())
         if self.control_variants():
             parts.add("controls")
+        if any(self.recovery_targets(m, self.variants(m)) for m in models):
+            parts.add("recovery")
         if self.floor_plants() or self.composed_floors():
             parts.add("floor")
         synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())

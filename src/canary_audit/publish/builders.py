@@ -21,7 +21,8 @@ from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.mia import mia_table
 from canary_audit.views.privacy import privacy_table
-from canary_audit.views.seeds import across_seeds, item_cells
+from canary_audit.views.recovery import recovery_table
+from canary_audit.views.seeds import CELLS_TABLE, across_seeds, item_cells
 from canary_audit.views.strata import strata_table
 from canary_audit.views.table import Built, Context
 
@@ -183,6 +184,20 @@ def seed_item_cells(ctx: Context) -> Built | None:
     return (f"The seed x author layout behind the verdicts' seed-level intervals: each seeded variant's paper A "
             f"rates per author (AUTO arm; delta_ab and tf_top1_rate under prefill_{ctx.contrast}); "
             "verdicts/intervals.py reads it", cells)
+
+
+def recovery(ctx: Context) -> Built | None:
+    cells = ctx.built.get(CELLS_TABLE)
+    if cells is None:
+        return None
+    utility = ctx.built.get("utility")
+    table = recovery_table(cells[1], utility[1] if utility else None, ctx.variants, ctx.cfg.get("references", {}),
+                           ctx.boot)
+    if not table.height:
+        return None
+    return (f"Recovery attacks: each attacked variant (`after`) beside the variant it attacked (`before`), per "
+            f"measure, with their paired difference (`delta`); an unlearned row beside the same attack on its "
+            f"memorized parent (`ceiling`) and its never-trained reference (`negative`); {ctx.ci}", table)
 
 
 def controls(ctx: Context) -> Built | None:

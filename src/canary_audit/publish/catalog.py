@@ -204,6 +204,14 @@ BUILT_IN: tuple[Table, ...] = (
         if c.canary and c.tokens.height else None, plots=("teacher_forced_vs_greedy",)),
     Table(SEED_TABLE, "seeds", b.pooled_over_seeds),
     Table(CELLS_TABLE, "paper_a", b.seed_item_cells),
+    Table("recovery", "recovery", b.recovery,
+        pages=(Page(
+            3, "Recovery attacks", "Each unlearned checkpoint read again after an attack that should not restore "
+            "what unlearning removed, beside its attacked parent (the ceiling) and reference (the negative); "
+            "`testable` is false where the attacked parent leaves no more than the unlearning did.",
+            lambda f: with_ci(f, ["before", "after", "delta"]).select(
+                "variant", "role", "attack", "measure", "before", "after", "delta", "ceiling", "negative",
+                "testable", "retain_before", "retain_after")),)),
     Table(CONTROLS_TABLE, "controls", b.controls,
         pages=(Page(
             1, "Planted controls", "Each claim's positive control holds the effect by construction, its negative is "

@@ -19,18 +19,20 @@ from collections import Counter
 
 import polars as pl
 
+from canary_audit.model.quantize import RECOVERY
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import per_item_nll
 from canary_audit.views.paper_a import AUTO, Bootstrap, _leak_rates, canary_outcomes
 from canary_audit.views.parser import ParserConvention
 
 TABLE = "across_seeds"
-SEEDED_KINDS = ("memorized", "unlearned", "reference")
+SEEDED_KINDS = ("memorized", "unlearned", "reference", RECOVERY)
 
 
 def family_of(name: str, seed: int) -> str:
-    """`name` without its seed: `tiny/npo-bio-s1-k20` -> `tiny/npo-bio-k20`."""
-    return re.sub(rf"-s{seed}(?=-k\d+$|$)", "", name, count=1)
+    """`name` without its seed: `tiny/npo-bio-s1-k20` -> `tiny/npo-bio-k20`
+    (and a recovery variant's `.<attack>` kept: `...-k20.int4-row`)."""
+    return re.sub(rf"-s{seed}(?=(-k\d+)?(\.[A-Za-z0-9_-]+)?$)", "", name, count=1)
 
 
 def families(variants: dict[str, dict]) -> dict[str, str]:

@@ -30,8 +30,8 @@ from canary_audit.views.parser import ParserConvention
 # detection floor, the hex probes (with their exposure candidates and
 # repetition strata), paper B's bSFT grid (and its merged-vs-stacked pairs),
 # and the field's measures over any token records (`always`).
-PARTS = ("paper_a", "seeds", "controls", "floor", "hex", "exposure", "strata", "bsft", "merged_vs_stacked",
-         "always")
+PARTS = ("paper_a", "seeds", "controls", "recovery", "floor", "hex", "exposure", "strata", "bsft",
+         "merged_vs_stacked", "always")
 Built = tuple[str, pl.DataFrame]
 
 

@@ -1,0 +1,105 @@
+"""The recovery table: each variant a recovery attack made beside the
+variant it attacked, per author, with paired CIs.
+
+A recovery attack (design/variants.py, config `recovery`) reads an unlearned
+checkpoint again after an operation that should not restore what the
+unlearning removed (weight quantization: model/quantize.py).  The attack is
+run the same way on the checkpoint's memorized parent, whose attacked value
+is the attack's ceiling (what the attack leaves of the memorization it would
+restore), and on the never-trained reference, its negative (an attack that
+"restores" canaries the reference never learnt is measuring the attack).
+
+Every number comes from the seed x author layout (views/seeds.py,
+`item_cells`): one value per author and variant, so a difference between
+an attacked variant and its twin is paired by author and bootstrapped over
+authors.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from canary_audit.model.quantize import RECOVERY
+from canary_audit.views.bootstrap import rates_with_ci
+from canary_audit.views.paper_a import Bootstrap
+
+MEASURED = ("out_acc", "thk_leak", "tf_top1_rate")  # item_cells' columns: AUTO arm, teacher-forced top-1
+ROLES = ("unlearned", "memorized", "reference")  # the attacked twin's kind: the claim, its ceiling, its negative
+COLUMNS = {"model": pl.Utf8, "seed": pl.Int64, "template": pl.Utf8, "run": pl.Utf8, "k": pl.Int64,
+           "attack": pl.Utf8, "role": pl.Utf8, "variant": pl.Utf8, "twin": pl.Utf8, "measure": pl.Utf8,
+           "n": pl.Int64, **{f"{c}{e}": pl.Float64 for c in ("before", "after", "delta") for e in ("", "_lo", "_hi")},
+           **{f"{c}{e}": pl.Float64 for c in ("ceiling", "negative") for e in ("", "_lo", "_hi")},
+           "testable": pl.Boolean, "why": pl.Utf8,
+           **{f"retain_{c}": pl.Float64 for c in ("before", "after")}}
+
+
+def attacked(variants: dict[str, dict]) -> pl.DataFrame:
+    """Each recovery variant with its twin (the variant it attacked), the
+    twin's kind as its role and the attack's name."""
+    rows = [{"variant": name, "twin": v["parent"], "attack": v.get("quantize"),
+             "role": variants.get(v["parent"], {}).get("kind"), "model": v.get("model", name.split("/")[0]),
+             "seed": v.get("seed"), "template": v.get("template"), "run": v.get("run"), "k": v.get("k")}
+            for name, v in variants.items() if v.get("kind") == RECOVERY and v.get("parent")]
+    return pl.DataFrame(rows, schema={"variant": pl.Utf8, "twin": pl.Utf8, "attack": pl.Utf8, "role": pl.Utf8,
+                                      "model": pl.Utf8, "seed": pl.Int64, "template": pl.Utf8, "run": pl.Utf8,
+                                      "k": pl.Int64})
+
+
+def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: dict[str, dict],
+                   references: dict[str, dict], boot: Bootstrap) -> pl.DataFrame:
+    """One row per (attacked variant, measure): the twin's value (`before`),
+    the attacked one's (`after`) and their paired difference, each with its
+    author-clustered CI.  An unlearned row carries the attacked parent's
+    value (`ceiling`) and the attacked reference's (`negative`) under the
+    same attack (`references`: the view config's variant -> its
+    never-trained reference), and says whether the attack could show recovery there
+    (`testable`: the ceiling's CI lies above the unlearned value's; where it
+    reaches it, quantizing the memorized model alone already leaves no
+    more than the unlearning did).  Retain accuracy (AUTO arm) before and
+    after stands beside every row: the attack's cost in utility."""
+    pairs = attacked(variants)
+    if not pairs.height or not cells.height:
+        return pl.DataFrame(schema=COLUMNS)
+    values = cells.filter(pl.col("column").is_in(MEASURED)).select("variant", "group_id", "column", "value")
+    items = (pairs.select("variant", "twin")
+             .join(values.rename({"value": "after"}), on="variant")
+             .join(values.rename({"variant": "twin", "value": "before"}), on=["twin", "group_id", "column"])
+             .rename({"column": "measure"}))
+    rates = rates_with_ci(items, ["variant", "measure"], ["before", "after"], boot.replicates, boot.seed,
+                          derive=lambda f: f.with_columns(delta=pl.col("after") - pl.col("before")),
+                          level=boot.level, table="recovery")
+    rows = pairs.join(rates, on="variant")
+    # The same attack on the unlearned variant's parent and reference: its ceiling and its negative.
+    parent_of = {n: v.get("parent") for n, v in variants.items()}
+    reference_of = {n: r.get("reference") for n, r in references.items()}
+    ends = rows.select("twin", "attack", "measure", *(f"after{e}" for e in ("", "_lo", "_hi")))
+    rows = rows.with_columns(
+        parent_twin=pl.col("twin").replace_strict(parent_of, default=None),
+        reference_twin=pl.col("twin").replace_strict(reference_of, default=None))
+    for side, key in (("ceiling", "parent_twin"), ("negative", "reference_twin")):
+        rows = rows.join(ends.rename({"twin": key, **{f"after{e}": f"{side}{e}" for e in ("", "_lo", "_hi")}}),
+                         on=[key, "attack", "measure"], how="left")
+    unlearned = pl.col("role") == "unlearned"
+    testable = pl.when(unlearned).then(pl.col("ceiling_lo") > pl.col("before_hi"))
+    why = (pl.when(~unlearned).then(pl.lit(""))
+           .when(pl.col("ceiling").is_null()).then(pl.lit("no attacked parent in this run"))
+           .when(testable).then(pl.lit("the attacked parent's CI lies above the unlearned value's"))
+           .otherwise(pl.format("not testable: the attacked parent's CI [{}, {}] reaches the unlearned value's "
+                                "[{}, {}]; quantizing the memorized model leaves no more than the unlearning did",
+                                *(pl.col(c).round(3) for c in ("ceiling_lo", "ceiling_hi", "before_lo", "before_hi")))))
+    rows = rows.with_columns(testable=testable, why=why)
+    retain = _retain(utility)
+    rows = (rows.join(retain.rename({"variant": "twin", "retain": "retain_before"}), on="twin", how="left")
+            .join(retain.rename({"retain": "retain_after"}), on="variant", how="left"))
+    order = {r: i for i, r in enumerate(ROLES)}
+    return (rows.with_columns(pl.col("role").replace_strict(order, default=len(order)).alias("_order"))
+            .sort("model", "seed", "attack", "template", "run", "k", "_order", "measure", nulls_last=True)
+            .select([pl.col(c).cast(t) for c, t in COLUMNS.items()]))
+
+
+def _retain(utility: pl.DataFrame | None) -> pl.DataFrame:
+    """Retain accuracy per variant, AUTO arm (the utility table's)."""
+    if utility is None or not utility.height:
+        return pl.DataFrame(schema={"variant": pl.Utf8, "retain": pl.Float64})
+    return utility.filter((pl.col("probe_set") == "retain") & (pl.col("arm") == "auto")).select(
+        "variant", retain="accuracy")

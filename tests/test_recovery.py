@@ -1,0 +1,93 @@
+"""The recovery table (views/recovery.py): an attacked variant beside its
+twin, paired by author, with its ceiling and its negative."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+import yaml
+from conftest import ROOT
+
+from canary_audit.views.paper_a import Bootstrap
+from canary_audit.views.recovery import recovery_table
+
+AUTHORS = [f"a{i:03d}" for i in range(20)]
+TWINS = {"tiny/mem-bio-s0": "memorized", "tiny/npo-bio-s0-k20": "unlearned", "tiny/reference-meta-s0": "reference"}
+
+
+def _variants(fmt: str = "int4-row") -> dict[str, dict]:
+    out = {name: {"kind": kind, "model": "tiny", "seed": 0, "template": "bio",
+                  "parent": "tiny/mem-bio-s0" if kind == "unlearned" else "tiny/base"} for name, kind in TWINS.items()}
+    for name in TWINS:
+        out[f"{name}.{fmt}"] = {**out[name], "kind": "recovery", "parent": name, "quantize": fmt}
+    return out
+
+
+def _cells(values: dict[str, list[float]]) -> pl.DataFrame:
+    return pl.DataFrame([{"variant": v, "group_id": a, "column": "out_acc", "n": 1, "value": x}
+                         for v, xs in values.items() for a, x in zip(AUTHORS, xs, strict=True)])
+
+
+def _table(values: dict[str, list[float]]) -> pl.DataFrame:
+    references = {n: {"population": "author", "reference": "tiny/reference-meta-s0"}
+                  for n in ("tiny/mem-bio-s0", "tiny/npo-bio-s0-k20")}
+    utility = pl.DataFrame({"variant": list(values), "probe_set": "retain", "arm": "auto",
+                            "accuracy": [0.9 - 0.1 * i for i in range(len(values))]})
+    return recovery_table(_cells(values), utility, _variants(), references, Bootstrap(replicates=200))
+
+
+def test_an_attack_that_restores_half_the_authors_reads_a_paired_rise_beside_its_ceiling_and_negative():
+    ones, zeros, half = [1.0] * 20, [0.0] * 20, [1.0] * 10 + [0.0] * 10
+    table = _table({"tiny/mem-bio-s0": ones, "tiny/npo-bio-s0-k20": zeros, "tiny/reference-meta-s0": zeros,
+                    "tiny/mem-bio-s0.int4-row": ones, "tiny/npo-bio-s0-k20.int4-row": half,
+                    "tiny/reference-meta-s0.int4-row": zeros})
+    assert table["role"].to_list() == ["unlearned", "memorized", "reference"]
+    row = table.row(0, named=True)
+    assert (row["before"], row["after"], row["delta"]) == (0.0, 0.5, 0.5)
+    assert 0.2 < row["delta_lo"] < 0.5 < row["delta_hi"] < 0.8
+    assert (row["ceiling"], row["negative"], row["testable"]) == (1.0, 0.0, True)
+    assert row["retain_before"] == pytest.approx(0.8) and row["retain_after"] == pytest.approx(0.5)
+    assert table.filter(pl.col("role") != "unlearned")["testable"].to_list() == [None, None]
+
+
+def test_an_attack_whose_parent_falls_to_the_unlearned_value_is_not_testable():
+    ones, zeros, few = [1.0] * 20, [0.0] * 20, [1.0] * 2 + [0.0] * 18
+    table = _table({"tiny/mem-bio-s0": ones, "tiny/npo-bio-s0-k20": few, "tiny/reference-meta-s0": zeros,
+                    "tiny/mem-bio-s0.int4-row": few, "tiny/npo-bio-s0-k20.int4-row": few,
+                    "tiny/reference-meta-s0.int4-row": zeros})
+    row = table.row(0, named=True)
+    assert row["testable"] is False and row["why"].startswith("not testable: the attacked parent's CI")
+    assert row["delta"] == 0.0
+
+
+RUN = ROOT / "tests" / "data" / "recovery_run"  # configs/recovery.yaml over the default's records at aeb5aa9+, int4-row
+
+
+def test_the_stored_runs_recovery_rows_are_a_view_of_its_item_cells():
+    """The recovery table of a real run (NPO at K = 20, its parent and
+    reference under int4-row) recomputed from its stored item cells."""
+    config = json.loads((RUN / "view_config.json").read_text())
+    table = recovery_table(pl.read_csv(RUN / "item_cells.csv"), pl.read_csv(RUN / "utility.csv"), config["variants"],
+                           config["references"], Bootstrap(**config["bootstrap"]))
+    stored = pl.read_csv(RUN / "recovery.csv")
+    assert table.select("variant", "measure").rows() == stored.select("variant", "measure").rows()
+    for column in ("before", "after", "delta", "delta_lo", "delta_hi", "ceiling", "negative"):
+        assert table[column].to_list() == pytest.approx(stored[column].to_list(), abs=1e-9, nan_ok=True), column
+    unlearned = table.filter(pl.col("role") == "unlearned")
+    assert unlearned["testable"].to_list() == [True] * 3  # the attacked parent keeps 0.95: recovery could show
+
+
+def test_recovery_claims_are_judged_like_any_claim():
+    """configs/recovery.yaml's two claims over the stored run: NPO's
+    forgetting survives INT4 (an equivalence that holds), and INT4 restores
+    it (a rise that the data do not show: inconclusive)."""
+    from canary_audit.verdicts.claims import parse
+    from canary_audit.verdicts.judge import claims_table
+    from canary_audit.verdicts.readings import Run
+
+    claims = yaml.safe_load((ROOT / "configs" / "recovery.yaml").read_text())["claims"]
+    table = claims_table(Run(RUN), parse(claims))
+    assert dict(zip(table["id"], table["verdict"], strict=True)) == {"npo_survives_int4": "holds",
+                                                                      "int4_restores_npo": "inconclusive"}
