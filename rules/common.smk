@@ -167,12 +167,13 @@ def base_input(wildcards):
     return [DESIGN.model_path(model)] if config["models"][model].get("embedded") else []
 
 
-def model_json(wildcards, path=None, merge_dtype=None, quantize=None):
+def model_json(wildcards, path=None, merge_dtype=None, quantize=None, clip=None):
     """The model entry a job reads (Design.model_entry), as JSON; a variant
     whose merge rounds into its own precision names it (`merge_dtype`), and
-    a recovery variant its quantization format (`quantize`)."""
+    a recovery variant its quantization format (`quantize`) and the
+    attack's planted positive the format its change is clipped into (`clip`)."""
     entry = DESIGN.model_entry(wildcards.model, path)
-    own = {"merge_dtype": merge_dtype, "quantize": quantize}
+    own = {"merge_dtype": merge_dtype, "quantize": quantize, "clip": clip}
     return canonical({**entry, **{k: v for k, v in own.items() if v}})
 
 

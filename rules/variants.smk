@@ -24,6 +24,7 @@ rule variant_manifest:
             variant_entry(w).base,
             variant_entry(w).merge_dtype,
             variant_entry(w).quantize,
+            variant_entry(w).clip,
         ),
         adapters=lambda w: " ".join(variant_entry(w).adapters),
         apply=lambda w: variant_entry(w).apply,

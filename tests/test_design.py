@@ -66,13 +66,13 @@ def design_of(*overrides: dict) -> Design:
     ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),
     ({"audit": {"templates": [], "hex_canaries": False}}, "nothing to audit"),
     ({"unlearn": {"runs": {"mem": {"method": "ga", "templates": ["bio"]}}}}, "`mem` names the design's own"),
-    ({"recovery": {"unlearned": ["npo-*-k20"], "quantize": ["int4-row"]}},
+    ({"recovery": {"unlearned": ["npo-*-k20"], "quantize": ["int4-row"], "planted": False}},
      "`recovery.unlearned[0]`: `npo-*-k20` selects no unlearned variant (known: ga-bio-s0-k3, ga-bio-s0-k5, "
      "npo-bio-s0-k3, npo-bio-s0-k5)"),
-    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int3"]}},
+    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int3"], "planted": False}},
      "`recovery.quantize[0]`: quantization format `int3` is not one of"),
-    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": []}}, "`recovery.quantize` is empty"),
-    ({"recovery": {"unlearned": [], "quantize": ["nf4"]}}, "`recovery.unlearned` is empty"),
+    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": [], "planted": False}}, "`recovery.quantize` is empty"),
+    ({"recovery": {"unlearned": [], "quantize": ["nf4"], "planted": False}}, "`recovery.unlearned` is empty"),
 ])
 def test_cross_key_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=None) as err:
@@ -622,7 +622,8 @@ def test_a_recovery_attack_reads_the_unlearned_variant_its_parent_and_reference_
     its twin as parent, in one probe group of their own running the author
     probes; nothing else of the design changes."""
     plain = design_of()
-    attacked = design_of({"recovery": {"unlearned": ["npo-bio-*-k5"], "quantize": ["int4-row", "nf4"]}})
+    attacked = design_of({"recovery": {"unlearned": ["npo-bio-*-k5"], "quantize": ["int4-row", "nf4"],
+                                       "planted": False}})
     made = {n: v for n, v in attacked.variants("tiny").items() if n not in plain.variants("tiny")}
     twins = ("mem-bio-s0", "npo-bio-s0-k5", "reference-meta-s0")
     assert set(made) == {f"{t}.{f}" for t in twins for f in ("int4-row", "nf4")}
@@ -635,3 +636,18 @@ def test_a_recovery_attack_reads_the_unlearned_variant_its_parent_and_reference_
     assert "quantize" not in plain.variants("tiny")["npo-bio-s0-k5"].fields()  # other manifests keep their params
     assert attacked.probe_sets_of("tiny", "recovery-mem-bio-s0") == plain.probe_sets_of("tiny", "mem-bio-s0")
     assert "recovery" in attacked.table_names() and "recovery" not in plain.table_names()
+
+
+def test_the_quantization_positive_clips_the_unlearned_change_and_reads_it_before_and_after():
+    """With `recovery.planted`: per selected variant and format, the plant
+    (the unlearned adapter's change from its parent's, clipped into the
+    parent's bins: both adapters, `clip`) and the plant attacked."""
+    design = design_of({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int4-row"], "planted": True}})
+    variants = design.variants("tiny")
+    plant, attacked = variants["npo-bio-s0-k5.clip-int4-row"], variants["npo-bio-s0-k5.clip-int4-row.int4-row"]
+    mem, npo = variants["mem-bio-s0"], variants["npo-bio-s0-k5"]
+    assert plant.adapters == (*mem.adapters, *npo.adapters) and plant.parent == npo.name
+    assert (plant.clip, plant.quantize, attacked.clip, attacked.quantize) == ("int4-row", None, "int4-row", "int4-row")
+    assert attacked.parent == plant.name and plant.group == attacked.group == "recovery-mem-bio-s0"
+    assert plant.kind == attacked.kind == "recovery_plant"  # a claim on `kind: recovery` never selects a plant
+    assert plant.fields()["clip"] == "int4-row" and "clip" not in npo.fields()

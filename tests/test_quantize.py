@@ -135,3 +135,39 @@ def test_a_quantized_variant_is_its_merged_weights_quantized_and_fingerprints_ap
     assert len(prints) == 3
     with pytest.raises(Exception, match="scored, never trained"):
         load_model(quantized, adapters, trainable_last=True)
+
+
+def test_a_clipped_plant_forgets_what_its_change_keeps_and_quantizes_to_its_parent(tiny_assets, tmp_path):
+    """The quantization positive (spec.clip): the second adapter's change
+    from the first, clipped into the first's bins, quantizes to the
+    quantized parent bit for bit, and unquantized it still differs from the
+    parent (the clip keeps part of the change)."""
+    import dataclasses
+
+    from peft import LoraConfig, get_peft_model
+
+    from canary_audit.model.loading import ModelLoadError, fingerprint, load_model
+    from canary_audit.model.spec import ModelSpec
+
+    spec = ModelSpec("tiny", tiny_assets[1])
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        lora = get_peft_model(load_model(spec), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
+        lora.save_pretrained(tmp_path / f"a{seed}")
+        paths.append(tmp_path / f"a{seed}")
+    fmt = "int4-g16"
+    parent = load_model(dataclasses.replace(spec, quantize=fmt), paths[:1])
+    plant = load_model(dataclasses.replace(spec, clip=fmt), paths)
+    attacked = load_model(dataclasses.replace(spec, clip=fmt, quantize=fmt), paths)
+    plain_parent = load_model(spec, paths[:1], merge_all=True)
+    for name, value in parent.state_dict().items():
+        assert torch.equal(attacked.state_dict()[name], value), name
+    changed = [n for n, v in plant.state_dict().items() if not torch.equal(v, plain_parent.state_dict()[n])]
+    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)
+    prints = {fingerprint(dataclasses.replace(spec, clip=c, quantize=q), paths)
+              for c, q in ((None, None), (fmt, None), (fmt, fmt))}
+    assert len(prints) == 3
+    with pytest.raises(ModelLoadError, match="reads two adapters"):
+        load_model(dataclasses.replace(spec, clip=fmt), paths[:1])

@@ -10,6 +10,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_BUILT, SEEN
+from canary_audit.verdicts.controls import recovery_controls
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.recovery import recovery_table
 
@@ -62,12 +64,16 @@ def test_an_attack_whose_parent_falls_to_the_unlearned_value_is_not_testable():
     assert row["delta"] == 0.0
 
 
-RUN = ROOT / "tests" / "data" / "recovery_run"  # configs/recovery.yaml over the default's records at aeb5aa9+, int4-row
+RUN = ROOT / "tests" / "data" / "recovery_run"  # configs/recovery.yaml over the default's records: NPO's rows
 
 
 def test_the_stored_runs_recovery_rows_are_a_view_of_its_item_cells():
     """The recovery table of a real run (NPO at K = 20, its parent and
-    reference under int4-row) recomputed from its stored item cells."""
+    reference, and its clipped plant, under int4-row and int8-row)
+    recomputed from its stored item cells; its readings: each attack
+    testable, the INT4 positive `seen` and the INT8 one `not built` (INT8's
+    bins are too narrow to hold NPO's change: the clipped plant no longer
+    forgets), the attacked reference `clean`."""
     config = json.loads((RUN / "view_config.json").read_text())
     table = recovery_table(pl.read_csv(RUN / "item_cells.csv"), pl.read_csv(RUN / "utility.csv"), config["variants"],
                            config["references"], Bootstrap(**config["bootstrap"]))
@@ -75,8 +81,34 @@ def test_the_stored_runs_recovery_rows_are_a_view_of_its_item_cells():
     assert table.select("variant", "measure").rows() == stored.select("variant", "measure").rows()
     for column in ("before", "after", "delta", "delta_lo", "delta_hi", "ceiling", "negative"):
         assert table[column].to_list() == pytest.approx(stored[column].to_list(), abs=1e-9, nan_ok=True), column
-    unlearned = table.filter(pl.col("role") == "unlearned")
-    assert unlearned["testable"].to_list() == [True] * 3  # the attacked parent keeps 0.95: recovery could show
+    assert table["control"].to_list() == stored["control"].to_list()
+    out_acc = table.filter(pl.col("measure") == "out_acc")
+    assert set(out_acc.filter(pl.col("role") == "unlearned")["testable"]) == {True}
+    controls = dict(out_acc.filter(pl.col("control").is_not_null()).select("variant", "control").iter_rows())
+    assert controls == {"tiny/npo-bio-s0-k20.clip-int4-row.int4-row": SEEN,
+                        "tiny/npo-bio-s0-k20.clip-int8-row.int8-row": NOT_BUILT,
+                        "tiny/reference-meta-s0.int4-row": CLEAN, "tiny/reference-meta-s0.int8-row": CLEAN}
+    rows = recovery_controls(table)
+    assert rows.select("positive", "positive_verdict", "negative", "negative_verdict").rows() == [
+        ("tiny/npo-bio-s0-k20.clip-int4-row.int4-row", SEEN, "tiny/reference-meta-s0.int4-row", CLEAN),
+        ("tiny/npo-bio-s0-k20.clip-int8-row.int8-row", NOT_BUILT, "tiny/reference-meta-s0.int8-row", CLEAN)]
+
+
+def test_a_removed_recovery_plant_reads_missed_and_a_restoring_reference_a_false_alarm():
+    """The attack's controls fail when their construction is taken away: a
+    positive whose attacked plant reads what the plant read (no rise)
+    is `missed`, a reference the attack lifts is a `false alarm`."""
+    config = json.loads((RUN / "view_config.json").read_text())
+    cells = pl.read_csv(RUN / "item_cells.csv")
+    plant, attacked, ref = ("tiny/npo-bio-s0-k20.clip-int4-row", "tiny/npo-bio-s0-k20.clip-int4-row.int4-row",
+                            "tiny/reference-meta-s0.int4-row")
+    removed = pl.concat([cells.filter(pl.col("variant") != attacked),
+                         cells.filter(pl.col("variant") == plant).with_columns(variant=pl.lit(attacked))])
+    lifted = removed.with_columns(value=pl.when((pl.col("variant") == ref) & (pl.col("column") == "out_acc"))
+                                  .then(1.0).otherwise(pl.col("value")))
+    table = recovery_table(lifted, None, config["variants"], config["references"], Bootstrap(replicates=200))
+    out_acc = dict(table.filter(pl.col("measure") == "out_acc").select("variant", "control").iter_rows())
+    assert out_acc[attacked] == MISSED and out_acc[ref] == FALSE_ALARM
 
 
 def test_recovery_claims_are_judged_like_any_claim():

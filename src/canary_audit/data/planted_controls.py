@@ -38,6 +38,10 @@ CONTROL_ARMS = {OWN_TRACE: "{bio}", OTHER_TRACE: "{other_bio}"}
 # 1.1-1.4 for adapters that never trained the bio trace; the bound refuses a
 # plant that moved the trace half as much as unlearning does.
 SPILL_BOUND = 0.05
+# A control's verdicts (the controls table's, and the recovery table's `control`).
+SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM, NOT_RUN = "seen", "missed", "spilled", "clean", "false alarm", "not run"
+NOT_READ = "not read"  # a negative whose reading cannot be made (its why says what is missing): never `clean`
+NOT_BUILT = "not built"  # a claim whose positive no honest plant can hold (controls.Claim.unbuilt)
 
 
 @dataclass(frozen=True)

@@ -110,10 +110,11 @@ class Variant:
     settings: str | None = None
     merge_dtype: str | None = None  # what its merge rounds into, where not the model's `merge_dtype`
     quantize: str | None = None  # a recovery variant's quantization format (model/quantize.py)
+    clip: str | None = None  # the quantization positive's format: its change clipped into its parent's bins
 
     def fields(self) -> dict:
         """The structured fields a view joins (no paths)."""
         keep = ("kind", "template", "seed", "run", "method", "k", "settings", "parent", "group", "apply")
-        # `quantize` only where set: every other manifest keeps its params (and its jobs their cache)
-        attack = {"quantize": self.quantize} if self.quantize else {}
+        # `quantize` and `clip` only where set: every other manifest keeps its params (and its jobs their cache)
+        attack = {k: v for k, v in (("quantize", self.quantize), ("clip", self.clip)) if v}
         return {**{k: v for k, v in asdict(self).items() if k in keep}, **attack}

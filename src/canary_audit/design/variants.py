@@ -27,7 +27,7 @@ from canary_audit.design.layout import (
     ConfigError,
     Variant,
 )
-from canary_audit.model.quantize import RECOVERY
+from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 
 
 class Variants:
@@ -119,7 +119,25 @@ class Variants:
                     if name not in out:
                         out[name] = replace(twin, name=name, kind=RECOVERY, parent=twin.name, group=group,
                                             cell=None, quantize=fmt)
+                if self.config["recovery"]["planted"] and self.clippable(unlearned, parent):
+                    # The positive: the unlearning's change clipped into the parent's bins (`.clip-<format>`),
+                    # read before and after the attack; the reference's attacked twin is its negative.
+                    clipped = replace(unlearned, name=f"{target}.clip-{fmt}", kind=RECOVERY_PLANT, parent=target,
+                                      group=group, cell=None, adapters=(*parent.adapters, *unlearned.adapters),
+                                      clip=fmt)
+                    out[clipped.name] = clipped
+                    out[f"{clipped.name}.{fmt}"] = replace(clipped, name=f"{clipped.name}.{fmt}",
+                                                           parent=clipped.name, quantize=fmt)
         return out
+
+    @staticmethod
+    def clippable(unlearned: Variant, parent: Variant | None) -> bool:
+        """Whether the quantization positive can be built from `unlearned`:
+        one adapter on the base its parent's one adapter sits on (paper A's
+        runs; an import whose weights are a checkpoint has no parent adapter
+        to take its change from)."""
+        return (parent is not None and len(parent.adapters) == 1 and len(unlearned.adapters) == 1
+                and parent.base == unlearned.base)
 
     def _control_variants(self, model: str, seed: int) -> dict[str, Variant]:
         """The planted controls of `model` (data/planted_controls.py), for the first audit

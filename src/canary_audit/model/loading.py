@@ -7,6 +7,7 @@ entry turns it on, and no hub access (local paths only).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from contextlib import contextmanager
@@ -151,8 +152,22 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from canary_audit.model.quantize import parse, quantize_model
+    from canary_audit.model.quantize import clip_model, parse, quantize_model
 
+    if spec.clip:  # the quantization positive: the unlearned weights' change clipped into the parent's bins
+        if len(adapters) != 2 or trainable_last or merge_all:
+            raise ModelLoadError(f"model `{spec.name}`: a clipped variant ({spec.clip}) reads two adapters, an "
+                                 f"unlearned checkpoint's parent and the checkpoint, and is only scored; got "
+                                 f"{len(adapters)}")
+        plain = dataclasses.replace(spec, clip=None, quantize=None)
+        model = load_model(plain, adapters[1:], merge_all=True)
+        share = clip_model(model, load_model(plain, adapters[:1], merge_all=True), parse(spec.clip))
+        log.info("%s's change from %s clipped into %s bins: %.1f%% of its changed elements moved, %.1f%% of its "
+                 "squared norm kept", adapters[1], adapters[0], spec.clip, 100 * share["moved_share"],
+                 100 * share["kept_norm_share"])
+        if spec.quantize:
+            quantize_model(model, parse(spec.quantize))
+        return model.eval()
     check_checkpoint(spec)
     for key, value in (("dtype", spec.dtype), ("merge_dtype", spec.merge_precision)):
         if value not in DTYPES:
@@ -282,7 +297,7 @@ class VariantModels:
 
     @contextmanager
     def model(self, spec: ModelSpec, adapters: list[Path] = (), merged: bool = False):
-        if merged or len(adapters) > 1 or spec.quantize:
+        if merged or len(adapters) > 1 or spec.quantize or spec.clip:
             model = load_model(spec, adapters, merge_all=merged)
             if adapters and not merged and not spec.quantize and folds_live_adapters(spec):
                 with folded(model) as model:
@@ -330,6 +345,8 @@ def fingerprint(spec: ModelSpec, adapters: list[Path] = (), merged: bool = False
         h.update(f"stack:{spec.merge_precision}".encode())
     if spec.quantize:  # every adapter merged in the merge precision, then quantized
         h.update(f"quantize:{parse(spec.quantize).name}:{spec.merge_precision}".encode())
+    if spec.clip:  # the last adapter's change from the first clipped into the first's bins
+        h.update(f"clip:{parse(spec.clip).name}:{spec.merge_precision}".encode())
     files = sorted(spec.path.glob("*.safetensors")) + [
         Path(a) / "adapter_model.safetensors" for a in adapters
     ]

@@ -26,7 +26,7 @@ def write_manifest(spec: ModelSpec, variant: str, adapters: list[str], apply: st
     manifest = {
         "model": spec.name, "variant": variant, "base_path": str(spec.path),
         "adapters": list(adapters), "apply": apply, "merge_dtype": spec.merge_precision,
-        **({"quantize": spec.quantize} if spec.quantize else {}),
+        **({"quantize": spec.quantize} if spec.quantize else {}), **({"clip": spec.clip} if spec.clip else {}),
         "fingerprint": fingerprint(spec, [Path(a) for a in adapters], merged=apply == "merged", cache_dir=cache_dir),
         "fields": fields, "code_version": code_version(),
     }

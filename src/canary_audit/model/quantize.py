@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
 RECOVERY = "recovery"  # the kind of a variant a recovery attack made (design/variants.py), read by the views
+RECOVERY_PLANT = "recovery_plant"  # the kind of an attack's planted positive (the clipped plant, and it attacked)
 NF4_BLOCK = 64
 _PATTERN = re.compile(r"^(?P<kind>int8|int4|nf4)(?:-(?P<block>row|g\d+))?(?P<asym>-asym)?$")
 
@@ -185,13 +186,15 @@ def bins(weight: torch.Tensor, fmt: QuantFormat) -> tuple[torch.Tensor, torch.Te
 def clip_into_bins(weight: torch.Tensor, delta: torch.Tensor, fmt: QuantFormat, eps: float = 0.05) -> torch.Tensor:
     """`delta` with every element of `weight + delta` held inside its own
     rounding bin shrunk by `eps` of the bin's width on each side, and the
-    scale-setting elements not moved: Q(weight + result) == Q(weight)."""
+    scale-setting elements and the ones `delta` leaves alone not moved:
+    Q(weight + result) == Q(weight)."""
     import torch
 
     lo, hi, pinned = bins(weight, fmt)
     shrink = (hi - lo) * eps
     target = (weight.to(lo.dtype) + delta.to(lo.dtype)).clamp(min=lo + shrink, max=hi - shrink)
-    moved = torch.where(pinned, torch.zeros_like(target), target - weight.to(lo.dtype))
+    still = pinned | (delta == 0)  # an element the change left alone stays, wherever in its bin it lies
+    moved = torch.where(still, torch.zeros_like(target), target - weight.to(lo.dtype))
     return moved.to(delta.dtype)
 
 
@@ -226,3 +229,36 @@ def quantize_model(model, fmt: QuantFormat) -> list[str]:
         for name in kept:
             params[name].copy_(quantize(params[name], fmt))
     return kept
+
+
+def clip_model(model, parent, fmt: QuantFormat, eps: float = 0.05) -> dict[str, float]:
+    """The quantization attack's planted positive, in place: each weight the
+    attack quantizes becomes its `parent` weight plus the change `model`
+    made to it, clipped into the parent's bins under `fmt` (`clip_into_bins`),
+    so that quantizing the result gives the quantized parent bit for bit:
+    recovery by construction.  The other weights must be the parent's (a
+    LoRA changes only the linears it targets).  Returns, over the quantized
+    weights, the share of changed elements the clip moved (the unlearning's
+    change that lay outside its bins) and the share of the change's squared
+    norm it kept."""
+    import torch
+
+    kept, _ = quantized_weights(model)
+    mine, theirs = dict(model.named_parameters()), dict(parent.named_parameters())
+    changed = moved = 0
+    before = after = 0.0
+    with torch.no_grad():
+        for name, weight in mine.items():
+            if name not in kept:
+                if not torch.equal(weight, theirs[name]):
+                    raise QuantizeError(f"`{name}` differs from the parent's but the attack leaves it out: a clipped "
+                                        "plant needs every changed weight quantized")
+                continue
+            delta = weight - theirs[name]
+            clipped = clip_into_bins(theirs[name], delta, fmt, eps)
+            changed += int((delta != 0).sum())
+            moved += int((clipped != delta).sum())
+            before += float(delta.double().pow(2).sum())
+            after += float(clipped.double().pow(2).sum())
+            weight.copy_(theirs[name] + clipped)
+    return {"moved_share": moved / changed if changed else 0.0, "kept_norm_share": after / before if before else 1.0}

@@ -28,6 +28,11 @@ class ModelSpec:
     # its effective weights, every adapter merged, quantized at load.  Set
     # by the design for a variant, never by a `models:` entry.
     quantize: str | None = None
+    # The quantization attack's planted positive (model/quantize.py, `clip_model`):
+    # its two adapters are an unlearned checkpoint's parent and the checkpoint;
+    # the checkpoint's change from the parent is clipped into the parent's bins
+    # under this format, so quantizing the result gives the quantized parent.
+    clip: str | None = None
 
     @property
     def merge_precision(self) -> str:
@@ -67,4 +72,5 @@ class ModelSpec:
             vision=bool(entry.get("vision", False)),
             merge_dtype=entry.get("merge_dtype"),
             quantize=entry.get("quantize"),
+            clip=entry.get("clip"),
         )

@@ -38,15 +38,17 @@ class ManifestVariant:
     fingerprint: str
     merge_dtype: str | None  # the precision its merges round into
     quantize: str | None = None  # its quantization attack (model/quantize.py), applied at load
+    clip: str | None = None  # the attack's planted positive: its change clipped into its parent's bins
 
     @classmethod
     def read(cls, path: Path) -> ManifestVariant:
         m = json.loads(Path(path).read_text())
         return cls(f"{m['model']}/{m['variant']}", Path(m["base_path"]), [Path(a) for a in m["adapters"]],
-                   m.get("apply") == "merged", m["fingerprint"], m.get("merge_dtype"), m.get("quantize"))
+                   m.get("apply") == "merged", m["fingerprint"], m.get("merge_dtype"), m.get("quantize"),
+                   m.get("clip"))
 
     def spec(self, model: ModelSpec) -> ModelSpec:
-        spec = dataclasses.replace(model, path=self.base, quantize=self.quantize)
+        spec = dataclasses.replace(model, path=self.base, quantize=self.quantize, clip=self.clip)
         return dataclasses.replace(spec, merge_dtype=self.merge_dtype) if self.merge_dtype else spec
 
 

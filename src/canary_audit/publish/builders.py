@@ -12,7 +12,13 @@ import polars as pl
 
 from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
 from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
-from canary_audit.verdicts.controls import composed_cells, controls_table, detection_floor, spill_over
+from canary_audit.verdicts.controls import (
+    composed_cells,
+    controls_table,
+    detection_floor,
+    recovery_controls,
+    spill_over,
+)
 from canary_audit.verdicts.readings import Run
 from canary_audit.views import paper_a, paper_b
 from canary_audit.views.blind import FOLDS, mark, withhold_privleak
@@ -206,10 +212,13 @@ def controls(ctx: Context) -> Built | None:
     twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in ctx.variants.items()
              if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
     spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
+    recovery = ctx.built.get("recovery")
+    table = pl.concat([controls_table(run(ctx), ctx.cfg.get("controls", {}), spill),
+                       recovery_controls(recovery[1] if recovery else None)])
     return (f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
             f"same way without it), read by the papers' own readings from the tables above ({ctx.ci}); spill_over: "
             f"mean |Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
-            f"reads `spilled`)", controls_table(run(ctx), ctx.cfg.get("controls", {}), spill))
+            f"reads `spilled`); the recovery attacks' controls read from the recovery table", table)
 
 
 def floor(ctx: Context) -> Built | None:

@@ -21,11 +21,19 @@ import polars as pl
 from canary_audit.core.records import HEX_SETS
 from canary_audit.data.planted_controls import (
     CLAIMS,
+    CLEAN,
     CONTROL,
+    FALSE_ALARM,
     FLOOR_CLAIM,
     FLOOR_COMPOSED,
     HEX_PLANTS,
+    MISSED,
+    NOT_BUILT,
+    NOT_READ,
+    NOT_RUN,
+    SEEN,
     SPILL_BOUND,
+    SPILLED,
     Claim,
     Side,
     first_canaries,
@@ -48,12 +56,10 @@ from canary_audit.verdicts.readings import (
 from canary_audit.views import paper_b
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.paper_b import SPAN_DRIFT, UNDERTRAINED, WINDOW_TRUNCATION, Verdicts
+from canary_audit.views.recovery import POSITIVE
 
 HEX = HEX_SETS[0]
 
-SEEN, MISSED, SPILLED, CLEAN, FALSE_ALARM, NOT_RUN = "seen", "missed", "spilled", "clean", "false alarm", "not run"
-NOT_READ = "not read"  # a negative whose reading cannot be made (its why says what is missing): never `clean`
-NOT_BUILT = "not built"  # a claim whose positive no honest plant can hold (controls.Claim.unbuilt)
 TEXT = "text"  # paper A's canaries, and a text model's hex canaries
 COLUMNS = {"model": pl.Utf8, "seed": pl.Int64, "modality": pl.Utf8, "claim": pl.Utf8, "paper_id": pl.Utf8,
            "construction": pl.Utf8, "expected": pl.Utf8,
@@ -320,3 +326,41 @@ def _floor_row(variant: str, claim: str, construction: str, n: int, n_canaries: 
             "canaries_overwritten": n, "canaries": n_canaries, "share": n / n_canaries, "effect": _effect(row, claim),
             "reading": f"{cell_text(row)}; {diagnosis}" if row is not None else "no cell in this run",
             "detected": diagnosis == CASES[claim]}
+
+
+RECOVERY_CLAIM = "quantization_recovery"
+RECOVERY_CONSTRUCTION = ("the unlearned checkpoint's change from its memorized parent clipped into the parent's "
+                         "rounding bins (each block's scale elements held), so that the attack rounds it back to the "
+                         "quantized parent: recovery by construction; negative: the never-trained reference attacked")
+
+
+def recovery_controls(recovery: pl.DataFrame | None, measure: str = "out_acc") -> pl.DataFrame:
+    """The quantization attack's planted controls as rows of the controls
+    table, read from the recovery table (views/recovery.py) on `measure`:
+    per positive (a clipped plant attacked), its paired rise beside the
+    attacked reference of the same model, seed and format (the negative)."""
+    if recovery is None or not recovery.height or "control" not in recovery.columns:
+        return pl.DataFrame(schema=COLUMNS)
+    rows = recovery.filter(pl.col("measure") == measure)
+
+    def reading(r: dict) -> str:
+        return (f"{measure} {r['before']:.2f} -> {r['after']:.2f}, paired Delta {r['delta']:+.3f} "
+                f"[{r['delta_lo']:.3f}, {r['delta_hi']:.3f}] ({r['attack']})")
+
+    out = []
+    negatives = {(r["model"], r["seed"], r["attack"]): r for r in rows.filter(pl.col("role") == "reference")
+                 .iter_rows(named=True)}
+    for pos in rows.filter(pl.col("role") == POSITIVE).iter_rows(named=True):
+        neg = negatives.get((pos["model"], pos["seed"], pos["attack"]))
+        out.append({
+            "model": pos["model"], "seed": pos["seed"], "modality": TEXT, "claim": RECOVERY_CLAIM,
+            "paper_id": "recovery", "construction": RECOVERY_CONSTRUCTION,
+            "expected": f"the attack raises {measure} (paired CI above 0); negative: it does not",
+            "positive": pos["variant"], "positive_reading": reading(pos), "positive_verdict": pos["control"],
+            "negative": neg["variant"] if neg else "", "negative_reading": reading(neg) if neg else "",
+            "negative_verdict": neg["control"] if neg else NOT_READ,
+            "positive_margin": pos["delta_lo"], "negative_margin": (-neg["delta_lo"]) if neg else None,
+            "why": f"positive: the paired CI's lower end {pos['delta_lo']:+.3f} against 0; negative: "
+                   + (f"its lower end {neg['delta_lo']:+.3f}" if neg else "no attacked reference in this run"),
+        })
+    return pl.DataFrame(out, schema=COLUMNS)

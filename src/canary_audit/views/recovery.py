@@ -19,27 +19,40 @@ from __future__ import annotations
 
 import polars as pl
 
-from canary_audit.model.quantize import RECOVERY
+from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_BUILT, SEEN
+from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.paper_a import Bootstrap
 
 MEASURED = ("out_acc", "thk_leak", "tf_top1_rate")  # item_cells' columns: AUTO arm, teacher-forced top-1
-ROLES = ("unlearned", "memorized", "reference")  # the attacked twin's kind: the claim, its ceiling, its negative
+# A row's role: the attacked twin's kind (the unlearned checkpoint, its
+# memorized parent: the ceiling, its reference: the negative), or the
+# quantization positive's two rows: `clipped` (the unlearning's change
+# clipped into the parent's bins, against the checkpoint: what the clip
+# cost before any attack) and `positive` (the clipped plant attacked,
+# against the plant: recovery by construction).
+CLIPPED, POSITIVE = "clipped", "positive"
+ROLES = ("unlearned", "memorized", "reference", CLIPPED, POSITIVE)
 COLUMNS = {"model": pl.Utf8, "seed": pl.Int64, "template": pl.Utf8, "run": pl.Utf8, "k": pl.Int64,
            "attack": pl.Utf8, "role": pl.Utf8, "variant": pl.Utf8, "twin": pl.Utf8, "measure": pl.Utf8,
            "n": pl.Int64, **{f"{c}{e}": pl.Float64 for c in ("before", "after", "delta") for e in ("", "_lo", "_hi")},
            **{f"{c}{e}": pl.Float64 for c in ("ceiling", "negative") for e in ("", "_lo", "_hi")},
-           "testable": pl.Boolean, "why": pl.Utf8,
+           "testable": pl.Boolean, "control": pl.Utf8, "why": pl.Utf8,
            **{f"retain_{c}": pl.Float64 for c in ("before", "after")}}
 
 
 def attacked(variants: dict[str, dict]) -> pl.DataFrame:
     """Each recovery variant with its twin (the variant it attacked), the
     twin's kind as its role and the attack's name."""
-    rows = [{"variant": name, "twin": v["parent"], "attack": v.get("quantize"),
-             "role": variants.get(v["parent"], {}).get("kind"), "model": v.get("model", name.split("/")[0]),
+    def role(v: dict) -> str | None:
+        if v.get("clip"):
+            return POSITIVE if v.get("quantize") else CLIPPED
+        return variants.get(v["parent"], {}).get("kind")
+
+    rows = [{"variant": name, "twin": v["parent"], "attack": v.get("quantize") or v.get("clip"),
+             "role": role(v), "model": v.get("model", name.split("/")[0]),
              "seed": v.get("seed"), "template": v.get("template"), "run": v.get("run"), "k": v.get("k")}
-            for name, v in variants.items() if v.get("kind") == RECOVERY and v.get("parent")]
+            for name, v in variants.items() if v.get("kind") in (RECOVERY, RECOVERY_PLANT) and v.get("parent")]
     return pl.DataFrame(rows, schema={"variant": pl.Utf8, "twin": pl.Utf8, "attack": pl.Utf8, "role": pl.Utf8,
                                       "model": pl.Utf8, "seed": pl.Int64, "template": pl.Utf8, "run": pl.Utf8,
                                       "k": pl.Int64})
@@ -55,7 +68,10 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     never-trained reference), and says whether the attack could show recovery there
     (`testable`: the ceiling's CI lies above the unlearned value's; where it
     reaches it, quantizing the memorized model alone already leaves no
-    more than the unlearning did).  Retain accuracy (AUTO arm) before and
+    more than the unlearning did).  The attack's positive (the unlearning's
+    change clipped into the parent's bins, attacked) reads `seen` where its
+    paired CI lies above 0, the attacked reference `clean` where its does
+    not (`control`).  Retain accuracy (AUTO arm) before and
     after stands beside every row: the attack's cost in utility."""
     pairs = attacked(variants)
     if not pairs.height or not cells.height:
@@ -72,7 +88,8 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     # The same attack on the unlearned variant's parent and reference: its ceiling and its negative.
     parent_of = {n: v.get("parent") for n, v in variants.items()}
     reference_of = {n: r.get("reference") for n, r in references.items()}
-    ends = rows.select("twin", "attack", "measure", *(f"after{e}" for e in ("", "_lo", "_hi")))
+    ends = rows.filter(pl.col("role").is_in(["memorized", "reference"])).select(
+        "twin", "attack", "measure", *(f"after{e}" for e in ("", "_lo", "_hi")))
     rows = rows.with_columns(
         parent_twin=pl.col("twin").replace_strict(parent_of, default=None),
         reference_twin=pl.col("twin").replace_strict(reference_of, default=None))
@@ -80,6 +97,8 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
         rows = rows.join(ends.rename({"twin": key, **{f"after{e}": f"{side}{e}" for e in ("", "_lo", "_hi")}}),
                          on=[key, "attack", "measure"], how="left")
     unlearned = pl.col("role") == "unlearned"
+    rows = rows.with_columns(pl.when(unlearned).then(pl.col(c)).alias(c)
+                             for side in ("ceiling", "negative") for c in (side, f"{side}_lo", f"{side}_hi"))
     testable = pl.when(unlearned).then(pl.col("ceiling_lo") > pl.col("before_hi"))
     why = (pl.when(~unlearned).then(pl.lit(""))
            .when(pl.col("ceiling").is_null()).then(pl.lit("no attacked parent in this run"))
@@ -87,7 +106,29 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
            .otherwise(pl.format("not testable: the attacked parent's CI [{}, {}] reaches the unlearned value's "
                                 "[{}, {}]; quantizing the memorized model leaves no more than the unlearning did",
                                 *(pl.col(c).round(3) for c in ("ceiling_lo", "ceiling_hi", "before_lo", "before_hi")))))
-    rows = rows.with_columns(testable=testable, why=why)
+    # The attack's planted controls: the positive must read a conclusive rise
+    # (its paired CI above 0), the attacked reference none.  A positive whose
+    # clipped plant no longer forgets (its CI reaches the memorized parent's
+    # unattacked value: the format's bins are too narrow to hold the
+    # unlearning's change) is not built, not missed.
+    plant = rows.filter(pl.col("role") == CLIPPED).select(
+        pl.col("variant").alias("twin"), "measure", plant_hi="after_hi",
+        parent_name=pl.col("twin").replace_strict(parent_of, default=None))
+    parent = rows.filter(pl.col("role") == "memorized").select(
+        pl.col("twin").alias("parent_name"), "attack", "measure", parent_lo="before_lo")
+    rows = rows.join(plant, on=["twin", "measure"], how="left").join(
+        parent, on=["parent_name", "attack", "measure"], how="left")
+    rise, forgets = pl.col("delta_lo") > 0, pl.col("plant_hi") < pl.col("parent_lo")
+    control = (pl.when((pl.col("role") == POSITIVE) & ~forgets).then(pl.lit(NOT_BUILT))
+               .when(pl.col("role") == POSITIVE).then(pl.when(rise).then(pl.lit(SEEN)).otherwise(pl.lit(MISSED)))
+               .when(pl.col("role") == "reference").then(pl.when(rise).then(pl.lit(FALSE_ALARM))
+                                                         .otherwise(pl.lit(CLEAN))))
+    why = (pl.when((pl.col("role") == POSITIVE) & ~forgets)
+           .then(pl.format("not built: clipped into {}'s bins the unlearning's change no longer forgets (the plant "
+                           "reads up to {} before the attack, the memorized parent from {})", pl.col("attack"),
+                           pl.col("plant_hi").round(3), pl.col("parent_lo").round(3)))
+           .otherwise(why))
+    rows = rows.with_columns(testable=testable, control=control, why=why)
     retain = _retain(utility)
     rows = (rows.join(retain.rename({"variant": "twin", "retain": "retain_before"}), on="twin", how="left")
             .join(retain.rename({"retain": "retain_after"}), on="variant", how="left"))

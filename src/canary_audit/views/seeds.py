@@ -19,14 +19,14 @@ from collections import Counter
 
 import polars as pl
 
-from canary_audit.model.quantize import RECOVERY
+from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import per_item_nll
 from canary_audit.views.paper_a import AUTO, Bootstrap, _leak_rates, canary_outcomes
 from canary_audit.views.parser import ParserConvention
 
 TABLE = "across_seeds"
-SEEDED_KINDS = ("memorized", "unlearned", "reference", RECOVERY)
+SEEDED_KINDS = ("memorized", "unlearned", "reference", RECOVERY, RECOVERY_PLANT)
 
 
 def family_of(name: str, seed: int) -> str:
