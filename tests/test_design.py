@@ -66,13 +66,15 @@ def design_of(*overrides: dict) -> Design:
     ({"models": {"tiny": {"think_open": None, "think_close": None}}}, "model `tiny` has no think tags"),
     ({"audit": {"templates": [], "hex_canaries": False}}, "nothing to audit"),
     ({"unlearn": {"runs": {"mem": {"method": "ga", "templates": ["bio"]}}}}, "`mem` names the design's own"),
-    ({"recovery": {"unlearned": ["npo-*-k20"], "quantize": ["int4-row"], "planted": False}},
-     "`recovery.unlearned[0]`: `npo-*-k20` selects no unlearned variant (known: ga-bio-s0-k3, ga-bio-s0-k5, "
-     "npo-bio-s0-k3, npo-bio-s0-k5)"),
-    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int3"], "planted": False}},
+    ({"recovery": {"unlearned": [{"run": "npo", "k": 20}], "quantize": ["int4-row"], "planted": False}},
+     "`recovery.unlearned[0]`: {'run': 'npo', 'k': 20} selects no unlearned variant (known: tiny/ga-bio-s0-k3 (run "
+     "ga, template bio, seed 0, k 3);"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int3"], "planted": False}},
      "`recovery.quantize[0]`: quantization format `int3` is not one of"),
-    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": [], "planted": False}}, "`recovery.quantize` is empty"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": [], "planted": False}},
+     "`recovery.quantize` is empty"),
     ({"recovery": {"unlearned": [], "quantize": ["nf4"], "planted": False}}, "`recovery.unlearned` is empty"),
+    ({"recovery": {"planted": True}}, "`recovery.planted` is true, but `recovery.quantize` names no format"),
 ])
 def test_cross_key_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=None) as err:
@@ -91,7 +93,9 @@ def test_cross_key_errors_name_the_key(override, message):
     # One retain weight for every method (a37bf86's form) is no longer a key.
     ({"unlearn": {"retain_weight": 1.0}}, "'retain_weight' was unexpected"),
     ({"unlearn": {"runs": {"x": {"method": "rmu2", "templates": []}}}}, "'rmu2' is not one of"),
-    ({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int4"], "relearn": {}}}, "'relearn' was unexpected"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int4"], "relearn": {}}},
+     "'relearn' was unexpected"),
+    ({"recovery": {"unlearned": [{"name": "npo"}], "quantize": ["int4"], "planted": False}}, "'name' was unexpected"),
 ])
 def test_schema_errors_name_the_value(override, message):
     from snakemake.exceptions import WorkflowError
@@ -622,8 +626,8 @@ def test_a_recovery_attack_reads_the_unlearned_variant_its_parent_and_reference_
     its twin as parent, in one probe group of their own running the author
     probes; nothing else of the design changes."""
     plain = design_of()
-    attacked = design_of({"recovery": {"unlearned": ["npo-bio-*-k5"], "quantize": ["int4-row", "nf4"],
-                                       "planted": False}})
+    attacked = design_of({"recovery": {"unlearned": [{"run": "npo", "template": "bio", "k": "max"}],
+                                       "quantize": ["int4-row", "nf4"], "planted": False}})
     made = {n: v for n, v in attacked.variants("tiny").items() if n not in plain.variants("tiny")}
     twins = ("mem-bio-s0", "npo-bio-s0-k5", "reference-meta-s0")
     assert set(made) == {f"{t}.{f}" for t in twins for f in ("int4-row", "nf4")}
@@ -642,7 +646,8 @@ def test_the_quantization_positive_clips_the_unlearned_change_and_reads_it_befor
     """With `recovery.planted`: per selected variant and format, the plant
     (the unlearned adapter's change from its parent's, clipped into the
     parent's bins: both adapters, `clip`) and the plant attacked."""
-    design = design_of({"recovery": {"unlearned": ["npo-bio-s0-k5"], "quantize": ["int4-row"], "planted": True}})
+    design = design_of({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int4-row"],
+                                     "planted": True}})
     variants = design.variants("tiny")
     plant, attacked = variants["npo-bio-s0-k5.clip-int4-row"], variants["npo-bio-s0-k5.clip-int4-row.int4-row"]
     mem, npo = variants["mem-bio-s0"], variants["npo-bio-s0-k5"]

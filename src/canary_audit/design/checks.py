@@ -3,17 +3,17 @@ built: a Design that exists is one the workflow can run."""
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from canary_audit.data.planted_controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
 from canary_audit.design.slices import resolved_settings
+from canary_audit.design.variants import unlearned_fields
 from canary_audit.model.quantize import QuantizeError, parse
 from canary_audit.model.spec import ModelSpec
 from canary_audit.probes.kinds.author import check_prefill_templates
-from canary_audit.verdicts.claims import ClaimError, check_selectors, fields_of
+from canary_audit.verdicts.claims import ClaimError, check_selectors, fields_of, select
 from canary_audit.verdicts.claims import parse as parse_claims
 
 
@@ -183,7 +183,7 @@ class Checks:
 
     def _check_recovery(self) -> None:
         """Refuse a recovery block that would run nothing or that names what
-        does not exist: a format the quantizer does not know, a pattern that
+        does not exist: a format the quantizer does not know, a selector that
         selects no unlearned variant (naming the ones there are), or
         unlearned variants with no attack (or an attack with no variant)."""
         recovery = self.config.get("recovery")
@@ -194,18 +194,22 @@ class Checks:
                 parse(fmt)
             except QuantizeError as err:
                 raise ConfigError(f"config key `recovery.quantize[{i}]`: {err}") from None
+        if recovery["planted"] and not recovery["quantize"]:
+            raise ConfigError("config key `recovery.planted` is true, but `recovery.quantize` names no format: there "
+                              "is no attack to plant a positive for; set it false or name a format")
         if bool(recovery["unlearned"]) != bool(recovery["quantize"]):
             empty = "quantize" if recovery["unlearned"] else "unlearned"
             raise ConfigError(f"config key `recovery.{empty}` is empty, so `recovery` attacks nothing; name "
                               f"{'an attack' if empty == 'quantize' else 'the unlearned variants to attack'}, "
                               "or drop the `recovery` block")
-        unlearned = sorted({n for m in self.config["audit"]["models"] for n, v in self.variants(m).items()
-                            if v.kind == "unlearned"})
-        for i, pattern in enumerate(recovery["unlearned"]):
-            if not any(fnmatchcase(n, pattern) for n in unlearned):
-                raise ConfigError(f"config key `recovery.unlearned[{i}]`: `{pattern}` selects no unlearned variant "
-                                  f"(known: {', '.join(unlearned) or 'none: the run unlearns nothing'}); "
-                                  "name one of them, or a pattern that matches one")
+        fields = {f"{m}/{n}": f for m in self.config["audit"]["models"]
+                  for n, f in unlearned_fields(self.variants(m)).items()}
+        for i, selector in enumerate(recovery["unlearned"]):
+            if not select(fields, selector):
+                known = "; ".join(f"{n} (run {f['run']}, template {f['template']}, seed {f['seed']}, k {f['k']})"
+                                  for n, f in sorted(fields.items())) or "none: the run unlearns nothing"
+                raise ConfigError(f"config key `recovery.unlearned[{i}]`: {selector} selects no unlearned variant "
+                                  f"(known: {known}); select one of them")
 
     def _check_controls(self) -> None:
         """Refuse a prefill arm named like a planted control's.  (A switched-on

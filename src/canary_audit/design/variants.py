@@ -5,7 +5,6 @@ references, planted controls, the canary LoRA and paper B's cells)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from canary_audit.data.chat_format import retain_form
@@ -28,6 +27,13 @@ from canary_audit.design.layout import (
     Variant,
 )
 from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
+from canary_audit.verdicts.claims import select
+
+
+def unlearned_fields(design: dict[str, Variant]) -> dict[str, dict]:
+    """The unlearned variants of one model's design with the fields a
+    recovery selector reads (its name as `variant`)."""
+    return {n: {**v.fields(), "variant": n} for n, v in design.items() if v.kind == "unlearned"}
 
 
 class Variants:
@@ -95,9 +101,11 @@ class Variants:
 
     def recovery_targets(self, model: str, design: dict[str, Variant]) -> list[str]:
         """The unlearned variants of `model` the recovery attacks select
-        (`recovery.unlearned`: patterns over their names), in audit order."""
-        patterns = self.config.get("recovery", {}).get("unlearned", [])
-        return [n for n, v in design.items() if v.kind == "unlearned" and any(fnmatchcase(n, p) for p in patterns)]
+        (`recovery.unlearned`: selectors over their fields, `k: max` the
+        largest K of each run, template and seed), in audit order."""
+        fields = unlearned_fields(design)
+        chosen = {n for s in self.config.get("recovery", {}).get("unlearned", []) for n in select(fields, s)}
+        return [n for n in design if n in chosen]
 
     def _recovery_variants(self, model: str, design: dict[str, Variant]) -> dict[str, Variant]:
         """The quantization attack on each selected unlearned variant, on its
