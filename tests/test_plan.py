@@ -104,3 +104,22 @@ def test_the_documented_plans_are_the_plans_of_the_paper_configs(layer, shapes):
     speed = load_throughput()
     table = render(plan(design, found, speed), speed).split("\n\n")[0]
     assert table in (ROOT / "docs" / "performance.md").read_text()
+
+
+def test_a_probe_job_counts_a_fresh_load_for_each_variant_whose_weights_change_at_load():
+    """A coarse probe job loads each base once for the variants it switches
+    adapters on, and afresh for each merged, stacked-deeper or attacked
+    variant (a clipped plant reads its parent's weights too)."""
+    from test_design import design_of
+
+    from canary_audit.design.plan import _coarse_loads
+
+    design = design_of({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int4-row"],
+                                     "planted": True}})
+    variants = design.variants("tiny")
+    group = [variants[n] for n in design.probe_groups("tiny")["recovery-mem-bio-s0"]]
+    assert sorted(v.name for v in group) == ["mem-bio-s0.int4-row", "npo-bio-s0-k5.clip-int4-row",
+                                             "npo-bio-s0-k5.clip-int4-row.int4-row", "npo-bio-s0-k5.int4-row",
+                                             "reference-meta-s0.int4-row"]
+    assert _coarse_loads(group) == 3 + 2 + 2
+    assert _coarse_loads([variants[n] for n in design.probe_groups("tiny")["mem-bio-s0"]]) == 1  # one base, live

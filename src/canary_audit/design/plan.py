@@ -252,7 +252,7 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
         train.disk_bytes += weights * len(merged)
         for group, names in design.probe_groups(model).items():
             counts = pass_sequences(design, model, group)
-            bases = len({variants[v].base for v in names})
+            bases = _coarse_loads([variants[v] for v in names])
             loads = bases if not fine else len(names) * len(design.variant_units(model, names[0], "decode"))
             decode, scored = stages["decode"], stages["teacher_forced"]
             decode.loads += loads
@@ -293,6 +293,17 @@ def _hours(value: float | None) -> str:
 
 def _decode_steps(sequences: int, max_new: int, batch: int) -> int:
     return math.ceil(sequences / batch) * max_new if sequences else 0
+
+
+def _coarse_loads(variants: list) -> int:
+    """The model loads of one coarse probe job (model/loading.VariantModels):
+    each base once for the variants scored on it in place (a live adapter
+    switched in), and a fresh load for each variant whose weights change at
+    load (a merged application, a deeper stack, a quantization attack; its
+    clipped plant loads its parent's weights too)."""
+    fresh = [v for v in variants if v.apply == "merged" or len(v.adapters) > 1 or v.quantize or v.clip]
+    shared = {v.base for v in variants if v not in fresh}
+    return len(shared) + sum(2 if v.clip else 1 for v in fresh)
 
 
 def _training(design: Design, model: str, v) -> tuple[int, int, int, int]:

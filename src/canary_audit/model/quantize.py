@@ -128,7 +128,7 @@ def _grid(blocks: torch.Tensor, fmt: QuantFormat) -> tuple[torch.Tensor, torch.T
     if fmt.kind == "nf4":
         absmax = blocks.abs().amax(dim=1, keepdim=True)
         scale = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
-        code = nf4_codebook().to(blocks.dtype)
+        code = nf4_codebook().to(device=blocks.device, dtype=blocks.dtype)
         index = (blocks / scale).unsqueeze(-1).sub(code).abs().argmin(dim=-1)
         mids = (code[1:] + code[:-1]) / 2
         lo_edge = torch.cat([code[:1], mids])[index]
