@@ -123,3 +123,22 @@ def test_recovery_claims_are_judged_like_any_claim():
     table = claims_table(Run(RUN), parse(claims))
     assert dict(zip(table["id"], table["verdict"], strict=True)) == {"npo_survives_int4": "holds",
                                                                       "int4_restores_npo": "inconclusive"}
+
+
+def test_a_table_column_null_over_its_first_rows_reads_as_numbers(tmp_path):
+    """A control's prefill arm is null on every audited variant and set on
+    the plants, which come after them: with enough variants (a run with
+    recovery attacks) the first hundred rows are null, and a reader that
+    infers from them reads the column as text (the summary's CI format
+    then fails).  read_table infers from every row."""
+    from canary_audit.views.table import read_table, with_ci
+
+    rows = 150 * [{"variant": "a", "prefill_own_trace": None, "prefill_own_trace_lo": None,
+                   "prefill_own_trace_hi": None}] + [{"variant": "ctl", "prefill_own_trace": 0.5,
+                                                      "prefill_own_trace_lo": 0.25, "prefill_own_trace_hi": 0.75}]
+    pl.DataFrame(rows, infer_schema_length=None).write_csv(tmp_path / "prefill_arms.csv")
+    frame = read_table(tmp_path / "prefill_arms.csv")
+    assert frame.schema["prefill_own_trace"] == pl.Float64
+    assert with_ci(frame, ["prefill_own_trace"])["prefill_own_trace"][-1] == "0.5 [0.25, 0.75]"
+    (tmp_path / "empty.csv").write_text("")
+    assert read_table(tmp_path / "empty.csv") is None and read_table(tmp_path / "none.csv") is None

@@ -17,6 +17,7 @@ from canary_audit.publish.catalog import registry
 from canary_audit.publish.table_files import concat_records
 from canary_audit.views.metrics import position_deltas
 from canary_audit.views.mia import ATTACKS, item_scores, roc_curve
+from canary_audit.views.table import read_table
 
 # Plots drawn from the token records, not from a table.
 RECORD_PLOTS = ("delta_nll_positions", "mia_roc")
@@ -317,7 +318,8 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
         path = Path(tables_dir) / f"{name}.csv"
         if declared is not None and name not in declared:
             return pl.DataFrame()
-        return pl.read_csv(path) if path.exists() and path.stat().st_size else pl.DataFrame()
+        frame = read_table(path)
+        return pl.DataFrame() if frame is None else frame
 
     # A table's plots, as the table registry names them (Table.plots).
     figures = {plot: TABLE_FIGURES[plot](table(t.name), variants) for t in registry() for plot in t.plots}

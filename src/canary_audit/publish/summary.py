@@ -18,19 +18,13 @@ from canary_audit.verdicts.controls import FALSE_ALARM, MISSED
 from canary_audit.verdicts.headline import NoHeadline, figures_markdown, headline_figures, write_readme
 from canary_audit.verdicts.judge import beside_ours
 from canary_audit.views.markdown import to_markdown
+from canary_audit.views.table import read_table
 
 
 def _read(tables: Path, name: str) -> pl.DataFrame | None:
     """A table, or None when the run has none or it is empty (an empty
     table's CSV has no header to read, or a header and no row)."""
-    path = tables / f"{name}.csv"
-    if not (path.is_file() and path.stat().st_size):
-        return None
-    try:
-        frame = pl.read_csv(path)
-    except pl.exceptions.NoDataError:  # a table with no columns is written as an empty line
-        return None
-    return frame if frame.height else None
+    return read_table(tables / f"{name}.csv")
 
 
 def ci_level(tables: Path) -> str:

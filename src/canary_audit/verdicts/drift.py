@@ -28,6 +28,7 @@ from canary_audit.data.planted_controls import CONTROL
 from canary_audit.verdicts.intervals import DIFFERENCE, RATE, interval
 from canary_audit.verdicts.measures import MEASURES
 from canary_audit.views.seeds import CELLS_TABLE
+from canary_audit.views.table import read_table
 
 MARGINS = Path(__file__).with_name("margins.json")
 PAIRED = "paired:"  # the key prefix of a rate measure's margin as a paired difference (two rates move)
@@ -35,14 +36,7 @@ CONTROL_KEY = "control:"  # the key prefix of a planted control's own drift (con
 
 
 def _table(tables: Path, name: str) -> pl.DataFrame | None:
-    path = tables / f"{name}.csv"
-    if not path.is_file() or not path.stat().st_size:
-        return None
-    try:
-        frame = pl.read_csv(path)
-    except pl.exceptions.NoDataError:
-        return None
-    return frame if frame.height else None
+    return read_table(tables / f"{name}.csv")
 
 
 def drift(a: Path, b: Path) -> pl.DataFrame:

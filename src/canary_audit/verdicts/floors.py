@@ -29,6 +29,7 @@ import polars as pl
 from canary_audit.data.planted_controls import FLOOR_COMPOSED
 from canary_audit.verdicts.claims import paper_claims
 from canary_audit.verdicts.measures import MEASURES
+from canary_audit.views.table import read_table
 
 FLOORS_FILE = Path(__file__).with_name("floors.json")
 CONSTRUCTION = "composed"  # the construction every claim with a floor has (verdicts/controls.py)
@@ -39,7 +40,9 @@ def measured(tables: list[Path]) -> list[dict]:
     (composed dilutions; the least sensitive model), and the run it is from."""
     points = []
     for folder in map(Path, tables):
-        frame = pl.read_csv(folder / "detection_floor.csv")
+        frame = read_table(folder / "detection_floor.csv")
+        if frame is None:
+            raise ValueError(f"{folder}: no detection_floor table (a run with `controls.detection_floor` on has one)")
         provenance = folder / "provenance.csv"
         versions = sorted(set(pl.read_csv(provenance)["code_version"])) if provenance.is_file() else []
         frame = frame.filter(pl.col("construction") == CONSTRUCTION)

@@ -18,6 +18,7 @@ from canary_audit.verdicts.intervals import clopper_pearson
 from canary_audit.views.paper_b import Verdicts
 from canary_audit.views.seeds import TABLE as SEED_TABLE
 from canary_audit.views.seeds import family_of
+from canary_audit.views.table import read_table
 
 SAME, NOT_REPRODUCED, NOT_MEASURABLE = "same direction", "not reproduced", "not measurable at this scale"
 
@@ -79,14 +80,7 @@ class Run:
         if self.frames is not None:
             frame = self.frames.get(name)
             return frame if frame is not None and frame.height else None
-        path = self.tables / f"{name}.csv"
-        if not (path.is_file() and path.stat().st_size):
-            return None
-        try:
-            frame = pl.read_csv(path)  # a header without rows is no table: its columns have no types
-        except pl.exceptions.NoDataError:  # a table with no columns is written as an empty line
-            return None
-        return frame if frame.height else None
+        return read_table(self.tables / f"{name}.csv")
 
     def audited(self, frame: pl.DataFrame) -> pl.DataFrame:
         """The rows of the audit's own variants, imports included (never a

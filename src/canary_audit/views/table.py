@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import polars as pl
 
@@ -55,6 +56,21 @@ class Page:
             return None
         sentence = self.sentence(frame) if callable(self.sentence) else self.sentence
         return self.title, sentence.replace("{ci}", ci), shown
+
+
+def read_table(path: Path) -> pl.DataFrame | None:
+    """A table as the tables job wrote it, or None where the run has none or
+    it is empty (an empty table's CSV has no header to read, or a header
+    and no row).  Every row is read before a column's type is inferred: a
+    column null over a table's first rows (a control's arm, on the audit's
+    variants) is still a number where later rows hold one."""
+    if not (path.is_file() and path.stat().st_size):
+        return None
+    try:
+        frame = pl.read_csv(path, infer_schema_length=None)
+    except pl.exceptions.NoDataError:  # a table with no columns is written as an empty line
+        return None
+    return frame if frame.height else None
 
 
 def with_ci(frame: pl.DataFrame, columns: list[str], digits: int = 2) -> pl.DataFrame:
