@@ -218,9 +218,9 @@ def _measure_figures(run: Run) -> dict[str, str]:
 def _control_figures(run: Run) -> dict[str, str]:
     """The planted controls: how many positives were seen and negatives clean."""
     controls = _need(run, "controls")
-    # one positive per (model, modality, claim), none where no honest plant exists; a row per negative
+    # every plant read once (a row per negative repeats its positive), none where no honest plant exists
     built = controls.filter(pl.col("positive_verdict") != "not built").unique(
-        [c for c in ("model", "modality", "claim") if c in controls.columns])
+        [c for c in ("model", "modality", "claim", "seed", "positive") if c in controls.columns])
     return {"planted": str(built.height),
             "planted_seen": str(built.filter(pl.col("positive_verdict") == "seen").height),
             "negatives": str(controls.height),
