@@ -299,7 +299,7 @@ class VariantModels:
     def model(self, spec: ModelSpec, adapters: list[Path] = (), merged: bool = False):
         if merged or len(adapters) > 1 or spec.quantize or spec.clip:
             model = load_model(spec, adapters, merge_all=merged)
-            if adapters and not merged and not spec.quantize and folds_live_adapters(spec):
+            if adapters and not merged and not spec.quantize and not spec.clip and folds_live_adapters(spec):
                 with folded(model) as model:
                     yield model
             else:
