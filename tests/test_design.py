@@ -75,6 +75,8 @@ def design_of(*overrides: dict) -> Design:
      "`recovery.quantize` is empty"),
     ({"recovery": {"unlearned": [], "quantize": ["nf4"], "planted": False}}, "`recovery.unlearned` is empty"),
     ({"recovery": {"planted": True}}, "`recovery.planted` is true, but `recovery.quantize` names no format"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["nf4", "nf4-g64"], "planted": False}},
+     "`recovery.quantize[1]`: `nf4-g64` is `nf4` again (both are nf4-g64)"),
 ])
 def test_cross_key_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=None) as err:

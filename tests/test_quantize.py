@@ -131,6 +131,11 @@ def test_a_quantized_variant_is_its_merged_weights_quantized_and_fingerprints_ap
         for name, value in want.state_dict().items():
             assert torch.equal(got.state_dict()[name], value), name
             assert torch.equal(through_job.state_dict()[name], value), name
+    # In a model whose merges round into bf16, the attack still merges its adapter exactly: the attacked
+    # model and its twin (the adapter live, unrounded) differ by the quantizer alone.
+    bf16 = load_model(dataclasses.replace(quantized, merge_dtype="bfloat16"), adapters).state_dict()
+    for name, value in want.state_dict().items():
+        assert torch.equal(bf16[name], value), name
     prints = {fingerprint(s, adapters) for s in (spec, quantized, dataclasses.replace(spec, quantize="nf4"))}
     assert len(prints) == 3
     with pytest.raises(Exception, match="scored, never trained"):

@@ -189,11 +189,16 @@ class Checks:
         recovery = self.config.get("recovery")
         if not recovery:
             return
+        seen: dict[str, str] = {}
         for i, fmt in enumerate(recovery["quantize"]):
             try:
-                parse(fmt)
+                name = parse(fmt).name
             except QuantizeError as err:
                 raise ConfigError(f"config key `recovery.quantize[{i}]`: {err}") from None
+            if name in seen:
+                raise ConfigError(f"config key `recovery.quantize[{i}]`: `{fmt}` is `{seen[name]}` again (both are "
+                                  f"{name}); name each format once")
+            seen[name] = fmt
         if recovery["planted"] and not recovery["quantize"]:
             raise ConfigError("config key `recovery.planted` is true, but `recovery.quantize` names no format: there "
                               "is no attack to plant a positive for; set it false or name a format")

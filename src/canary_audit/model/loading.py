@@ -138,7 +138,7 @@ def check_chat_template(spec: ModelSpec, tokenizer) -> None:
 
 
 def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bool = False,
-               merge_all: bool = False):
+               merge_all: bool = False, exact_last: bool = False):
     """Base weights plus adapters applied in order.
 
     Every adapter but the last is merged into the weights (stacking on a merged
@@ -148,6 +148,11 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
     weights took a merge is rounded into `spec.merge_precision` (the
     checkpoint's storage precision; a no-op where it is the compute dtype),
     so a float32 run measures what a bf16 merge keeps of an update.
+
+    A recovery attack (`spec.quantize`, `spec.clip`; or `exact_last`) merges
+    the last adapter exactly, after that rounding: its weights are its
+    unattacked twin's (which scores that adapter live) but for the attack,
+    so the two differ by the attack alone, not by a merge's rounding too.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -160,8 +165,8 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
                                  f"unlearned checkpoint's parent and the checkpoint, and is only scored; got "
                                  f"{len(adapters)}")
         plain = dataclasses.replace(spec, clip=None, quantize=None)
-        model = load_model(plain, adapters[1:], merge_all=True)
-        share = clip_model(model, load_model(plain, adapters[:1], merge_all=True), parse(spec.clip))
+        model = load_model(plain, adapters[1:], exact_last=True)
+        share = clip_model(model, load_model(plain, adapters[:1], exact_last=True), parse(spec.clip))
         log.info("%s's change from %s clipped into %s bins: %.1f%% of its changed elements moved, %.1f%% of its "
                  "squared norm kept", adapters[1], adapters[0], spec.clip, 100 * share["moved_share"],
                  100 * share["kept_norm_share"])
@@ -189,10 +194,12 @@ def load_model(spec: ModelSpec, adapters: list[Path] = (), *, trainable_last: bo
         raise ModelLoadError(f"model `{spec.name}`: a quantized variant ({spec.quantize}) is scored, never trained")
     for i, adapter in enumerate(adapters):
         model = apply_adapter(model, Path(adapter), trainable=trainable_last and i == len(adapters) - 1)
-        if i < len(adapters) - 1 or merge_all or spec.quantize:
+        if i < len(adapters) - 1 or merge_all:
             model, merged = model.merge_and_unload(), True
     if merged:
         round_weights(model, spec.merge_precision)
+    if (spec.quantize or exact_last) and adapters and not merge_all:
+        model = model.merge_and_unload()  # exact: no rounding beyond the twin's
     if spec.quantize:
         quantize_model(model, parse(spec.quantize))
     if not trainable_last:
