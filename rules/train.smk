@@ -3,6 +3,8 @@
 # (paper B), and unlearning.  The K sweep and the bSFT training lengths are
 # checkpoints of one run each.
 
+from canary_audit.data.planted_controls import SUPPRESS, SUPPRESSION
+from canary_audit.data.relearn import RELEARN_DATA
 from canary_audit.design import BSFT_SOURCES
 
 # A training job's shell arguments: the model job's, then its output.
@@ -227,5 +229,84 @@ rule unlearn:
             "--adapter {input.memorized}",
             "--out {params.outs}",
             "{params.state_in}",
+            "--threads {threads}",
+        )
+
+
+# Budgeted relearning (canary_audit/train/relearn.py): a fresh LoRA stacked
+# on an attacked checkpoint (an unlearned variant, its memorized parent or its
+# never-trained reference), saved at each step budget of `recovery.relearn`.
+rule relearn:
+    input:
+        data_files("authors", "distractors"),
+        base_input,
+        relearn_inputs,
+    output:
+        relearn_outputs(),
+    log:
+        logs("{model}/relearn-{twin}-{data}-{template}"),
+    benchmark:
+        benchmarks("{model}/relearn-{twin}-{data}-{template}")
+    wildcard_constraints:
+        twin=r"[^/]+",
+        data="|".join(RELEARN_DATA),
+        template=r"[^/]+",
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=config_slice("relearn"),
+        model=lambda w: model_json(w, relearn_twin(w).base),
+        data=data_dir,
+        adapters=lambda w: " ".join(relearn_twin(w).adapters),
+        outs=lambda w, output: " ".join(f"{Path(o).name}={o}" for o in output),
+    shell:
+        command(
+            "relearn",
+            *MODEL_JOB,
+            "--adapters {params.adapters}",
+            "--out {params.outs}",
+            "--threads {threads}",
+        )
+
+
+# The relearning attack's planted positive (SUPPRESSION in
+# canary_audit/data/planted_controls.py): a rank-1 LoRA on a memorized
+# adapter, trained by NPO on every author's answers.
+rule suppression:
+    input:
+        data_files("authors"),
+        base_input,
+        relearn_inputs,
+    output:
+        directory(
+            LAYOUT.relearn_dir("{model}", "{twin}", SUPPRESS, "{template}", "plant")
+        ),
+    log:
+        logs("{model}/suppression-{twin}-{template}"),
+    benchmark:
+        benchmarks("{model}/suppression-{twin}-{template}")
+    wildcard_constraints:
+        twin=r"[^/]+",
+        template=r"[^/]+",
+    conda:
+        ENV
+    threads: config["threads"]["train"]
+    resources:
+        **job_resources("train"),
+    params:
+        cfg=config_slice("suppression"),
+        model=lambda w: model_json(w, relearn_twin(w).base),
+        data=data_dir,
+        adapters=lambda w: " ".join(relearn_twin(w).adapters),
+        steps=SUPPRESSION["steps"],
+    shell:
+        command(
+            "suppression",
+            *MODEL_JOB,
+            "--adapters {params.adapters}",
+            "--out t{params.steps}={output}",
             "--threads {threads}",
         )

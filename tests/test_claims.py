@@ -285,7 +285,8 @@ def test_every_selector_key_is_a_field_the_designs_variants_carry():
     from canary_audit.verdicts.claims import SELECTOR_KEYS
 
     design = design_of({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int4-row"],
-                                     "planted": False}})
+                                     "planted": False, "relearn": {"data": ["forget"], "steps": [2], "share": 0.5,
+                                                                   "lr": None}}})
     fields = fields_of(design.variant_table(), design.cells())
     assert set(SELECTOR_KEYS) <= {key for f in fields.values() for key in f}
 

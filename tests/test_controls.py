@@ -372,13 +372,13 @@ def test_the_workflow_builds_every_control_and_reads_each_plant_seen_and_each_ne
     `missed`: test_a_removed_plant_reads_missed_and_a_negative_with_the_effect_a_false_alarm."""
     from conftest import ROOT, run_snakemake
 
-    from canary_audit.verdicts.controls import RECOVERY_CLAIM
+    from canary_audit.verdicts.controls import RECOVERY_CLAIMS
     from canary_audit.verdicts.judge import beside_ours
 
     run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "planted.yaml",))
     tables = tmp_path / "results" / "planted" / "tables"
     controls = pl.read_csv(tables / "controls.csv")
-    assert controls["claim"].unique(maintain_order=True).to_list() == [*CLAIMS, RECOVERY_CLAIM]
+    assert controls["claim"].unique(maintain_order=True).to_list() == [*CLAIMS, RECOVERY_CLAIMS["quantization"][0]]
     vl = controls.filter(pl.col("model") == "tiny_vl")  # paper B's plants on its testbed, per modality
     assert sorted(set(zip(vl["claim"], vl["modality"]))) == [
         (c, m) for c in ("span_drift", "undertrained", "window_truncation") for m in ("image", "text")]

@@ -72,9 +72,10 @@ def design_of(*overrides: dict) -> Design:
     ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int3"], "planted": False}},
      "`recovery.quantize[0]`: quantization format `int3` is not one of"),
     ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": [], "planted": False}},
-     "`recovery.quantize` is empty"),
+     "`recovery.quantize` and `recovery.relearn.data` are empty"),
     ({"recovery": {"unlearned": [], "quantize": ["nf4"], "planted": False}}, "`recovery.unlearned` is empty"),
-    ({"recovery": {"planted": True}}, "`recovery.planted` is true, but `recovery.quantize` names no format"),
+    ({"recovery": {"planted": True}}, "`recovery.planted` is true, but neither `recovery.quantize` nor "
+     "`recovery.relearn.data` names an attack"),
     ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["nf4", "nf4-g64"], "planted": False}},
      "`recovery.quantize[1]`: `nf4-g64` is `nf4` again (both are nf4-g64)"),
 ])
@@ -95,8 +96,12 @@ def test_cross_key_errors_name_the_key(override, message):
     # One retain weight for every method (a37bf86's form) is no longer a key.
     ({"unlearn": {"retain_weight": 1.0}}, "'retain_weight' was unexpected"),
     ({"unlearn": {"runs": {"x": {"method": "rmu2", "templates": []}}}}, "'rmu2' is not one of"),
-    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int4"], "relearn": {}}},
-     "'relearn' was unexpected"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": ["int4"],
+                   "relearn": {"data": ["retain"]}}}, "'retain' is not one of ['public', 'forget']"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": [],
+                   "relearn": {"data": ["forget"], "share": 1.0}}}, "1.0 is greater than or equal to the maximum of 1"),
+    ({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": [],
+                   "relearn": {"data": ["forget"], "steps": [0]}}}, "0 is less than the minimum of 1"),
     ({"recovery": {"unlearned": [{"name": "npo"}], "quantize": ["int4"], "planted": False}}, "'name' was unexpected"),
 ])
 def test_schema_errors_name_the_value(override, message):
@@ -658,3 +663,37 @@ def test_the_quantization_positive_clips_the_unlearned_change_and_reads_it_befor
     assert attacked.parent == plant.name and plant.group == attacked.group == "recovery-mem-bio-s0"
     assert plant.kind == attacked.kind == "recovery_plant"  # a claim on `kind: recovery` never selects a plant
     assert plant.fields()["clip"] == "int4-row" and "clip" not in npo.fields()
+
+
+def test_a_relearning_attack_stacks_a_fresh_lora_on_each_twin_and_names_what_it_trains():
+    """Budgeted relearning: per selected unlearned variant, data and step
+    budget, a variant on the variant, its parent and its reference (the
+    twin's adapters and the relearning LoRA, merged in the model's own
+    dtype); a `forget` relearning names the authors it trains on (the same
+    on every twin and seed, drawn from the data's seed); with `planted`, the suppression plant on
+    the parent and its relearning (kind `recovery_plant`)."""
+    plain = design_of()
+    design = design_of({"recovery": {"unlearned": [{"variant": "npo-bio-s0-k5"}], "quantize": [], "planted": True,
+                                     "relearn": {"data": ["public", "forget"], "steps": [2, 6], "share": 0.1,
+                                                 "lr": None}}})
+    variants = design.variants("tiny")
+    made = {n: v for n, v in variants.items() if n not in plain.variants("tiny")}
+    twins = ("mem-bio-s0", "npo-bio-s0-k5", "reference-meta-s0", "mem-bio-s0.suppress")
+    assert set(made) == {"mem-bio-s0.suppress"} | {f"{t}.relearn-{d}-bio-t{s}" for t in twins
+                                                   for d in ("public", "forget") for s in (2, 6)}
+    n_authors = design.config["data"]["n_authors"]
+    for name, v in made.items():
+        twin = variants[v.parent]
+        assert v.adapters[:-1] == twin.adapters and v.merge_dtype == "float32" and v.group == "relearn-mem-bio-s0"
+        assert v.kind == ("recovery_plant" if "suppress" in name else "recovery")
+        if v.relearn == "forget":
+            assert len(v.relearned) == max(1, round(0.1 * n_authors))
+            assert v.relearned == made["npo-bio-s0-k5.relearn-forget-bio-t2"].relearned
+            assert v.fields()["relearned"] == list(v.relearned)
+        elif v.relearn == "public":
+            assert "relearned" not in v.fields() and v.fields()["relearn_steps"] == v.relearn_steps
+    cfg = design.rule_slice("relearn", {"model": "tiny", "twin": "reference-meta-s0", "data": "forget",
+                                        "template": "bio"})
+    assert cfg["authors"] == list(made["reference-meta-s0.relearn-forget-bio-t6"].relearned)
+    assert (cfg["steps"], cfg["lr"], cfg["r"]) == ([2, 6], design.config["bsft"]["lr"], design.config["bsft"]["r"])
+    assert design.rule_slice("suppression", {"model": "tiny", "twin": "mem-bio-s0", "template": "bio"})["r"] == 1

@@ -110,3 +110,24 @@ def test_incomplete_layout_is_refused() -> None:
     cells[1, 2] = math.nan
     with pytest.raises(intervals.LayoutError, match="missing cells"):
         intervals.crossed(cells)
+
+
+def test_a_paired_layout_reads_the_compared_variants_authors_and_refuses_a_hole_among_them() -> None:
+    """A twin may hold authors its attacked variant does not (a relearning
+    on a share of the authors is read on the rest): the pair is over the
+    attacked variants' authors.  An author one seed's variant lacks and
+    another's holds is still a hole in the seed x author layout."""
+    from canary_audit.verdicts.evidence import cell_matrix
+    from canary_audit.verdicts.readings import Run
+
+    def cells(rows: dict[str, list[str]]) -> pl.DataFrame:
+        return pl.DataFrame([{"variant": v, "group_id": a, "column": "out_acc", "n": 1, "value": 1.0}
+                             for v, authors in rows.items() for a in authors])
+
+    every, held = ["a0", "a1", "a2", "a3"], ["a1", "a2", "a3"]
+    run = Run(None, {}, {"item_cells": cells({"u0": every, "u1": every, "r0": held, "r1": held})})
+    matrix = cell_matrix(run, "out_acc", ["r0", "r1"], {"r0": "u0", "r1": "u1"})
+    assert isinstance(matrix, np.ndarray) and matrix.shape == (2, 3)
+    holed = Run(None, {}, {"item_cells": cells({"u0": every, "u1": every, "r0": held, "r1": every})})
+    message = cell_matrix(holed, "out_acc", ["r0", "r1"], {"r0": "u0", "r1": "u1"})
+    assert message.startswith("`item_cells`: 1 of 4 authors lack a `out_acc` cell")

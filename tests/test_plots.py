@@ -112,3 +112,19 @@ def test_author_probe_plots_pick_variants_by_kind_not_name():
     variants = {"m/canary_run": {"kind": "unlearned"}, "m/plain": {"kind": "base"}, "m/x": {"kind": "memorized"}}
     assert _audited(frame, variants)["variant"].to_list() == ["m/canary_run", "m/x"]
     assert _audited(frame, {})["variant"].to_list() == ["m/canary_run", "m/plain", "m/x"]  # no table: every row
+
+
+def test_the_relearning_plot_draws_recall_against_the_budget(tmp_path):
+    """From the stored recovery run's table: one panel per relearning data,
+    each twin's out_acc at step 0 (before) and after each budget."""
+    from conftest import ROOT
+
+    from canary_audit.publish.plots import relearning_figure
+
+    recovery = pl.read_csv(ROOT / "tests" / "data" / "recovery_run" / "recovery.csv", infer_schema_length=None)
+    fig = relearning_figure(recovery, {})
+    assert [ax.get_title() for ax in fig.axes] == ["tiny s0: relearn-forget-bio", "tiny s0: relearn-public-bio"]
+    lines = {c.get_label(): c.lines[0].get_xdata().tolist() for c in fig.axes[0].containers}
+    assert lines["npo-bio-s0-k20"] == [0, 5, 20]
+    empty = relearning_figure(recovery.filter(pl.col("steps").is_null()), {})
+    assert "no relearning attack" in empty.axes[0].texts[0].get_text()

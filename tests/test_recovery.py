@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_BUILT, SEEN
+from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, SEEN
 from canary_audit.verdicts.controls import recovery_controls
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.recovery import recovery_table
@@ -69,29 +69,39 @@ RUN = ROOT / "tests" / "data" / "recovery_run"  # configs/recovery.yaml over the
 
 def test_the_stored_runs_recovery_rows_are_a_view_of_its_item_cells():
     """The recovery table of a real run (NPO at K = 20, its parent and
-    reference, and its clipped plant, under int4-row and int8-row)
-    recomputed from its stored item cells; its readings: each attack
-    testable, the INT4 positive `seen` and the INT8 one `not built` (INT8's
-    bins are too narrow to hold NPO's change: the clipped plant no longer
-    forgets), the attacked reference `clean`."""
+    reference under int4-row and int8-row with the clipped plants, and
+    relearned on 10% of the authors and on the public authors for 5 and 20
+    steps beside the suppression plant) recomputed from its stored item
+    cells; its readings: every attack testable but 20 public steps (they
+    wipe the parent's own recall, the ceiling), the quantization positives
+    and the forget relearning's `seen`, the 20-step public one `missed`,
+    every attacked reference `clean`."""
     config = json.loads((RUN / "view_config.json").read_text())
     table = recovery_table(pl.read_csv(RUN / "item_cells.csv"), pl.read_csv(RUN / "utility.csv"), config["variants"],
                            config["references"], Bootstrap(**config["bootstrap"]))
-    stored = pl.read_csv(RUN / "recovery.csv")
+    stored = pl.read_csv(RUN / "recovery.csv", infer_schema_length=None)
     assert table.select("variant", "measure").rows() == stored.select("variant", "measure").rows()
     for column in ("before", "after", "delta", "delta_lo", "delta_hi", "ceiling", "negative"):
         assert table[column].to_list() == pytest.approx(stored[column].to_list(), abs=1e-9, nan_ok=True), column
     assert table["control"].to_list() == stored["control"].to_list()
     out_acc = table.filter(pl.col("measure") == "out_acc")
-    assert set(out_acc.filter(pl.col("role") == "unlearned")["testable"]) == {True}
+    testable = dict(out_acc.filter(pl.col("role") == "unlearned").select("attack", "testable").iter_rows())
+    assert {a for a, t in testable.items() if not t} == {"relearn-public-bio-t20"}
+    held = out_acc.filter(pl.col("attack").str.starts_with("relearn-forget"))
+    assert set(held["n"]) == {36}  # the 4 relearned authors of 40 are not read
     controls = dict(out_acc.filter(pl.col("control").is_not_null()).select("variant", "control").iter_rows())
-    assert controls == {"tiny/npo-bio-s0-k20.clip-int4-row.int4-row": SEEN,
-                        "tiny/npo-bio-s0-k20.clip-int8-row.int8-row": NOT_BUILT,
-                        "tiny/reference-meta-s0.int4-row": CLEAN, "tiny/reference-meta-s0.int8-row": CLEAN}
+    positives = {v: c for v, c in controls.items() if "reference" not in v}
+    assert positives == {"tiny/npo-bio-s0-k20.clip-int4-row.int4-row": SEEN,
+                         "tiny/npo-bio-s0-k20.clip-int8-row.int8-row": SEEN,
+                         "tiny/mem-bio-s0.suppress.relearn-forget-bio-t5": SEEN,
+                         "tiny/mem-bio-s0.suppress.relearn-forget-bio-t20": SEEN,
+                         "tiny/mem-bio-s0.suppress.relearn-public-bio-t5": SEEN,
+                         "tiny/mem-bio-s0.suppress.relearn-public-bio-t20": MISSED}
+    assert {c for v, c in controls.items() if "reference" in v} == {CLEAN}
     rows = recovery_controls(table)
-    assert rows.select("positive", "positive_verdict", "negative", "negative_verdict").rows() == [
-        ("tiny/npo-bio-s0-k20.clip-int4-row.int4-row", SEEN, "tiny/reference-meta-s0.int4-row", CLEAN),
-        ("tiny/npo-bio-s0-k20.clip-int8-row.int8-row", NOT_BUILT, "tiny/reference-meta-s0.int8-row", CLEAN)]
+    assert rows.height == 6 and set(rows["negative_verdict"]) == {CLEAN}
+    assert rows.filter(pl.col("positive").str.contains("suppress"))["claim"].unique().to_list() == [
+        "relearning_recovery"]
 
 
 def test_a_removed_recovery_plant_reads_missed_and_a_restoring_reference_a_false_alarm():
@@ -112,17 +122,21 @@ def test_a_removed_recovery_plant_reads_missed_and_a_restoring_reference_a_false
 
 
 def test_recovery_claims_are_judged_like_any_claim():
-    """configs/recovery.yaml's two claims over the stored run: NPO's
-    forgetting survives INT4 (an equivalence that holds), and INT4 restores
-    it (a rise that the data do not show: inconclusive)."""
+    """configs/recovery.yaml's claims over the stored run: 20 relearning
+    steps on 10% of the authors restore NPO's forgetting on the rest (a rise
+    that holds); INT4 restores it (a rise the data do not show), NPO
+    survives INT4 within 0.2 and 5 public steps leave it within 0.1 (bands
+    that the CI meets only before Holm's adjustment over the file's four
+    value claims, or not at all): inconclusive."""
     from canary_audit.verdicts.claims import parse
     from canary_audit.verdicts.judge import claims_table
     from canary_audit.verdicts.readings import Run
 
     claims = yaml.safe_load((ROOT / "configs" / "recovery.yaml").read_text())["claims"]
     table = claims_table(Run(RUN), parse(claims))
-    assert dict(zip(table["id"], table["verdict"], strict=True)) == {"npo_survives_int4": "holds",
-                                                                      "int4_restores_npo": "inconclusive"}
+    assert dict(zip(table["id"], table["verdict"], strict=True)) == {
+        "npo_survives_int4": "inconclusive", "int4_restores_npo": "inconclusive", "relearning_restores_npo": "holds",
+        "public_relearning_leaves_npo": "inconclusive"}
 
 
 def test_a_table_column_null_over_its_first_rows_reads_as_numbers(tmp_path):

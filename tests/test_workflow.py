@@ -608,10 +608,10 @@ def test_model_jobs_share_a_cards_memory_and_never_overflow_it(smoke_run, tmp_pa
     assert second.started < first.finished  # the control: 2 cores run both at once
 
 
-@pytest.mark.parametrize("layer", ["workflow_config.yaml", "configs/smoke.yaml"])
+@pytest.mark.parametrize("layer", ["workflow_config.yaml", "configs/smoke.yaml", "configs/recovery.yaml"])
 def test_the_cost_plan_counts_the_jobs_a_fresh_run_plans(tmp_path, layer):
     """`plan` counts, per rule, the jobs Snakemake's dry run plans on an
-    empty results folder: the default audit and the smoke audit, both grains."""
+    empty results folder: the default audit, the smoke audit and the recovery attacks, both grains."""
     assert plan_jobs(layer=layer) == planned_jobs(tmp_path, layer=layer)
     fine = {"grain": "fine"}
     assert plan_jobs(fine, layer=layer) == planned_jobs(tmp_path, fine, layer=layer)

@@ -69,3 +69,24 @@ def previous_state(wildcards):
         fail(f"unlearning checkpoint K={k} is not in `unlearn.k` ({ks})")
     before = [x for x in ks if x < k]
     return [unlearn_state(before[-1]).format(**wildcards)] if before else []
+
+
+def relearn_twin(wildcards):
+    """The checkpoint a relearning run stacks its LoRA on."""
+    return design(DESIGN.variant, wildcards.model, wildcards.twin)
+
+
+def relearn_inputs(wildcards):
+    """What a relearning run reads beside its data: the twin's adapters and
+    a workflow-made base (an import's weight files)."""
+    return DESIGN.made_weights(wildcards.model, [wildcards.twin])
+
+
+def relearn_outputs(wildcards=None):
+    """One relearning LoRA per step budget (checkpoints of one run)."""
+    return [
+        directory(
+            LAYOUT.relearn_dir("{model}", "{twin}", "{data}", "{template}", f"t{steps}")
+        )
+        for steps in sorted(config["recovery"]["relearn"]["steps"])
+    ]

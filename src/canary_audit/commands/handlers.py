@@ -108,6 +108,13 @@ def bsft(args, params):
     return train_bsft_outputs(_spec(args), Path(args.data), _cfg(args, params), args.out)
 
 
+def relearn(args, params):
+    from canary_audit.train.relearn import train_relearning
+
+    outs = {int(k.removeprefix("t")): Path(p) for k, p in (o.split("=", 1) for o in args.out)}
+    return train_relearning(_spec(args), [Path(a) for a in args.adapters], Path(args.data), _cfg(args, params), outs)
+
+
 def unlearn(args, params):
     from canary_audit.train.outputs import train_unlearning_outputs
 

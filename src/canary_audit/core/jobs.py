@@ -10,7 +10,8 @@ the warm server reads this before it preloads anything.
 
 MODEL_JOBS = (
     "embedded_base", "embedded_vision_base", "memorize", "control_lora", "control_hex_lora", "canary_lora",
-    "reference_lora", "author_reference_lora", "bsft", "unlearn", "decode_pass", "teacher_forced_pass",
+    "reference_lora", "author_reference_lora", "bsft", "unlearn", "relearn", "suppression", "decode_pass",
+    "teacher_forced_pass",
 )
 
 # The views: one job each, run once every record exists, with little or

@@ -9,6 +9,7 @@ import polars as pl
 from canary_audit.core.records import write_parquet_atomic
 from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
+from canary_audit.data.relearn import FORGET_PREFIX
 
 # The tables the data rule writes, in the order the workflow lists them.
 DATA_TABLES = ("authors", "qa", "retain", "hex_canaries", "decoys", "bsft", "distractors", "pretrain_bsft")
@@ -45,7 +46,7 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     Fails before writing anything if a canary string occurs in a bSFT source.
     """
     seed = cfg["seed"]
-    authors = syn.make_authors(cfg["n_authors"], seed, prefix="a", last_names=FICTIONAL_LAST_NAMES)
+    authors = syn.make_authors(cfg["n_authors"], seed, prefix=FORGET_PREFIX, last_names=FICTIONAL_LAST_NAMES)
     distractors = syn.make_authors(
         cfg["n_distractors"], seed, prefix="d", last_names=pools.LAST_NAMES[1::2],
         exclude_titles={syn.title_pair(a.canary) for a in authors},

@@ -126,6 +126,17 @@ def hex_plant_recipe(n_canaries: int) -> dict:
     with 300); at 20 or fewer (the smoke-scale tests' 4) the recipe as it is."""
     steps = -(-HEX_PLANT_RECIPE["steps"] * n_canaries // HEX_PLANT_CANARIES)
     return {**HEX_PLANT_RECIPE, "steps": max(steps, HEX_PLANT_RECIPE["steps"])}
+# The relearning attack's planted positive (design/variants.py): a rank-1
+# LoRA stacked on the memorized adapter and trained by NPO on every author's
+# answers (`<memorized>.suppress`), then relearned like any checkpoint.  Its
+# forgetting lives in one direction per module that a few relearning steps
+# on some authors can reverse for all: recovery by construction.  The
+# recipe's steps and rate were measured on the embedded model
+# (docs/reliability.md, "Relearning's positive").
+SUPPRESSION = {"r": 1, "alpha": 2, "lr": 0.0015, "steps": 20, "batch_size": 20, "method": "npo",
+               "settings": {"beta": 0.1, "retain_weight": 0.0}, "loss_span": "answer"}
+SUPPRESS = "suppress"  # the plant's name after its memorized parent's
+
 CONTROL_HEX_GROUP = "controls-hex"  # the probe group of the paper B plants (the hex probes only)
 # Switch (config `controls.on_vision`): paper B's plants also on each
 # vision-language model, one LoRA over its image and text canaries, read per

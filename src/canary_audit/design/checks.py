@@ -199,14 +199,23 @@ class Checks:
                 raise ConfigError(f"config key `recovery.quantize[{i}]`: `{fmt}` is `{seen[name]}` again (both are "
                                   f"{name}); name each format once")
             seen[name] = fmt
-        if recovery["planted"] and not recovery["quantize"]:
-            raise ConfigError("config key `recovery.planted` is true, but `recovery.quantize` names no format: there "
-                              "is no attack to plant a positive for; set it false or name a format")
-        if bool(recovery["unlearned"]) != bool(recovery["quantize"]):
-            empty = "quantize" if recovery["unlearned"] else "unlearned"
-            raise ConfigError(f"config key `recovery.{empty}` is empty, so `recovery` attacks nothing; name "
-                              f"{'an attack' if empty == 'quantize' else 'the unlearned variants to attack'}, "
+        relearn = recovery.get("relearn") or {}
+        if recovery["planted"] and not (recovery["quantize"] or relearn.get("data")):
+            raise ConfigError("config key `recovery.planted` is true, but neither `recovery.quantize` nor "
+                              "`recovery.relearn.data` names an attack: there is no attack to plant a positive for; "
+                              "set it false or name an attack")
+        attacks = bool(recovery["quantize"] or relearn.get("data"))
+        if bool(recovery["unlearned"]) != attacks:
+            empty = ("keys `recovery.quantize` and `recovery.relearn.data` are" if recovery["unlearned"]
+                     else "key `recovery.unlearned` is")
+            raise ConfigError(f"config {empty} empty, so `recovery` attacks nothing; name "
+                              f"{'an attack' if recovery['unlearned'] else 'the unlearned variants to attack'}, "
                               "or drop the `recovery` block")
+        own = [m for m in self.config["audit"]["models"] if self.own_secrets(m)]
+        if relearn.get("data") and any(self.recovery_targets(m, self.variants(m)) for m in own):
+            raise ConfigError(f"config key `recovery.relearn.data`: model(s) {', '.join(own)} are audited on secrets "
+                              "of their own, which have no fictional authors to relearn (data/relearn.py); select "
+                              "their unlearned variants for quantization only, or drop `recovery.relearn`")
         fields = {f"{m}/{n}": f for m in self.config["audit"]["models"]
                   for n, f in unlearned_fields(self.variants(m)).items()}
         for i, selector in enumerate(recovery["unlearned"]):

@@ -46,6 +46,11 @@ class Layout:
     def bsft_dir(self, model: str, canary: str, source: str, seed, tag: str) -> str:
         return f"{self.results}/models/{model}/adapters/bsft/{canary}/{source}-b{seed}/{tag}"
 
+    def relearn_dir(self, model: str, twin: str, data: str, template: str, tag: str) -> str:
+        """A relearning attack's LoRA on `twin`, on `data` rendered in
+        `template`, at one step budget (`tag`: t<steps>)."""
+        return f"{self.results}/models/{model}/adapters/relearn/{twin}/{data}-{template}/{tag}"
+
     def secrets_dir(self, model: str) -> str:
         """A model's own secrets, in the hex family's tables (data/secrets.py)."""
         return f"{self.results}/data/secrets/{model}"
@@ -111,10 +116,15 @@ class Variant:
     merge_dtype: str | None = None  # what its merge rounds into, where not the model's `merge_dtype`
     quantize: str | None = None  # a recovery variant's quantization format (model/quantize.py)
     clip: str | None = None  # the quantization positive's format: its change clipped into its parent's bins
+    relearn: str | None = None  # a relearning attack's data (data/relearn.py: public | forget)
+    relearn_steps: int | None = None  # its step budget
+    relearned: tuple[str, ...] = ()  # the forget-set authors a `forget` relearning trains on (the views drop them)
 
     def fields(self) -> dict:
         """The structured fields a view joins (no paths)."""
         keep = ("kind", "template", "seed", "run", "method", "k", "settings", "parent", "group", "apply")
-        # `quantize` and `clip` only where set: every other manifest keeps its params (and its jobs their cache)
-        attack = {k: v for k, v in (("quantize", self.quantize), ("clip", self.clip)) if v}
+        # An attack's fields only where set: every other manifest keeps its params (and its jobs their cache)
+        attack = {k: v for k, v in (("quantize", self.quantize), ("clip", self.clip), ("relearn", self.relearn),
+                                    ("relearn_steps", self.relearn_steps), ("relearned", list(self.relearned)))
+                  if v}
         return {**{k: v for k, v in asdict(self).items() if k in keep}, **attack}

@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from canary_audit.core.jobs import VIEW_JOBS
-from canary_audit.data.planted_controls import CONTROL, hex_plant_recipe, plant_of
+from canary_audit.data.planted_controls import CONTROL, SUPPRESSION, hex_plant_recipe, plant_of
 from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.design.slices import resolved_settings
+from canary_audit.model.quantize import RECOVERY_PLANT
 from canary_audit.probes.kinds import kind_named
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
@@ -142,11 +143,15 @@ def job_counts(design: Design) -> dict[str, int]:
         add("bsft", len(runs))
         unlearned = [v for v in variants if v.kind == "unlearned" and v.method != "import"]
         add("unlearn", len(unlearned) if fine else len({(v.run, v.template, v.seed) for v in unlearned}))
+        relearned = [v for v in variants if v.relearn]
+        add("relearn", len({v.adapters[-1].rsplit("/", 1)[0] for v in relearned}))
+        add("suppression", sum(v.kind == RECOVERY_PLANT and not (v.relearn or v.clip) for v in variants))
         add("variant_manifest", len(design.variants(m)))
     add("decode_pass", len(design.records_files("decode", fine)))
     add("teacher_forced_pass", len(design.records_files("token", fine)))
     for rule in (*VIEW_JOBS, "all"):
         add(rule)
+    add("claims", 1 if cfg["claims"] else 0)  # the config's own claims, judged over the tables
     return jobs
 
 
@@ -230,7 +235,7 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
             pre = entry["build"]["pretrain"]
             stages["base"].train_steps += pre["steps"]  # the embedded model's pre-training (CPU-sized)
     stages["manifests"].jobs = jobs.get("variant_manifest", 0)
-    stages["tables"].jobs = sum(jobs.get(r, 0) for r in (*VIEW_JOBS, "all"))
+    stages["tables"].jobs = sum(jobs.get(r, 0) for r in (*VIEW_JOBS, "claims", "all"))
     for model in cfg["audit"]["models"]:
         shape = shapes.get(model)
         n = shape.params if shape else 0.0
@@ -277,7 +282,7 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
                 scored.disk_bytes += tokens * RECORD_BYTES["token"]
     stages["train"].jobs = sum(jobs.get(r, 0) for r in ("memorize", "control_lora", "control_hex_lora",
                                                         "author_reference_lora", "reference_lora", "canary_lora",
-                                                        "bsft", "unlearn"))
+                                                        "bsft", "unlearn", "relearn", "suppression"))
     stages["decode"].jobs = jobs.get("decode_pass", 0)
     stages["teacher_forced"].jobs = jobs.get("teacher_forced_pass", 0)
     return list(stages.values())
@@ -336,6 +341,10 @@ def _training(design: Design, model: str, v) -> tuple[int, int, int, int]:
     if v.kind == "unlearned" and v.method != "import" and v.k == max(cfg["unlearn"]["k"]):
         u = cfg["unlearn"]
         return v.k, u["batch_forget"] + u["batch_retain"], TOKENS["memorize_example"], cfg["memorize"]["r"]
+    if v.relearn and v.relearn_steps == max(cfg["recovery"]["relearn"]["steps"]):  # a relearning run's last budget
+        return v.relearn_steps, cfg["bsft"]["batch_size"], TOKENS["memorize_example"], cfg["bsft"]["r"]
+    if v.kind == RECOVERY_PLANT and not (v.relearn or v.clip):  # the relearning positive's suppression LoRA
+        return SUPPRESSION["steps"], SUPPRESSION["batch_size"], TOKENS["memorize_example"], SUPPRESSION["r"]
     if v.kind in ("bsft", "undertrained") and v.cell and v.cell["step"] == max(cfg["bsft"]["steps"]) \
             and v.cell["application"] == cfg["bsft"]["applications"][0] and not v.cell["cell"].startswith("import"):
         b = cfg["bsft"]

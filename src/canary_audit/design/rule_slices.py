@@ -19,6 +19,7 @@ from canary_audit.data.io import (
     VISION_KEYS,
     synthetic_settings,
 )
+from canary_audit.data.planted_controls import SUPPRESSION
 from canary_audit.design.layout import ConfigError
 from canary_audit.probes.units import unit_config
 
@@ -50,6 +51,29 @@ class RuleSlices:
     def reference_slice(self, seed: int) -> dict:
         """The canary LoRA's never-trained reference: its recipe and seed."""
         return {**self.config["canary_lora"], "seed": seed}
+
+    def relearn_slice(self, model: str, twin: str, data: str, template: str) -> dict:
+        """A relearning run's params: the bSFT recipe (its rank, targets,
+        batch and learning rate; `recovery.relearn.lr` where set), its step
+        budgets (checkpoints of the run), its data rendered in `template`,
+        the twin's training seed and, for a `forget` relearning, the authors
+        it trains on (the ones its variants name)."""
+        relearn, b = self.config["recovery"]["relearn"], self.bsft
+        name = f"{twin}.relearn-{data}-{template}-t{relearn['steps'][0]}"
+        variant = self.variant(model, name)
+        keep = ("r", "alpha", "targets", "batch_size", "gradient_checkpointing")
+        return {**{k: b[k] for k in keep}, "lr": relearn.get("lr") or b["lr"], "steps": sorted(relearn["steps"]),
+                "data": data, "template": template, "seed": variant.seed,
+                "head_tokens": self.config["data"]["head_tokens"],
+                **({"authors": list(variant.relearned)} if variant.relearned else {})}
+
+    def suppression_slice(self, model: str, memorized: str, template: str) -> dict:
+        """The relearning positive's suppression LoRA on `memorized`: its recipe
+        (data/planted_controls.SUPPRESSION), the memorization LoRA's targets,
+        the template its authors are rendered in and the parent's seed."""
+        seed = self.variant(model, memorized).seed
+        return {**SUPPRESSION, "targets": self.config["memorize"]["targets"], "template": template, "seed": seed,
+                "head_tokens": self.config["data"]["head_tokens"]}
 
     def base_slice(self, model: str) -> dict:
         """An embedded text model's build, and the head length its
@@ -128,6 +152,8 @@ RULE_SLICES: dict[str, Callable[[RuleSlices, Wildcards], dict]] = {
     "reference_lora": lambda d, w: d.reference_slice(_seed(w)),
     "author_reference_lora": lambda d, w: d.author_reference_slice(w["template"], _seed(w)),
     "bsft": lambda d, w: d.bsft_slice(w["source"], int(w["bseed"])),
+    "relearn": lambda d, w: d.relearn_slice(w["model"], w["twin"], w["data"], w["template"]),
+    "suppression": lambda d, w: d.suppression_slice(w["model"], w["twin"], w["template"]),
     "unlearn": lambda d, w: d.unlearn_slice(w["run"], w["template"], _seed(w), int(w["k"]) if d.fine else None),
     "variant_manifest": lambda d, w: d.variant(w["model"], w["variant"]).fields(),
     "decode_pass": lambda d, w: d.probe_job_slice("decode", w),

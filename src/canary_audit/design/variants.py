@@ -17,11 +17,13 @@ from canary_audit.data.planted_controls import (
     FLOOR_PLANTS,
     HEX_PLANTS,
     ON_VISION,
+    SUPPRESS,
     active_plants,
     hex_plant_recipe,
     skipped,
     switched_on,
 )
+from canary_audit.data.relearn import FORGET, relearned_authors
 from canary_audit.design.layout import (
     ConfigError,
     Variant,
@@ -136,6 +138,46 @@ class Variants:
                     out[clipped.name] = clipped
                     out[f"{clipped.name}.{fmt}"] = replace(clipped, name=f"{clipped.name}.{fmt}",
                                                            parent=clipped.name, quantize=fmt)
+            out.update(self._relearn_variants(model, unlearned, parent, reference))
+        return out
+
+    def _relearn_variants(self, model: str, unlearned: Variant, parent: Variant | None,
+                          reference: Variant | None) -> dict[str, Variant]:
+        """Budgeted relearning of one unlearned variant, its parent (the
+        ceiling) and its reference (the negative): a fresh LoRA stacked on
+        each (`<twin>.relearn-<data>-<template>-t<steps>`, its data rendered
+        in the unlearned variant's template on all three), one run per twin
+        and data, its step budgets checkpoints of it.  The stack is merged
+        in the model's own dtype (no rounding the twin's live adapter does
+        not have), so the variant and its twin differ by the relearning
+        alone.  A `forget` relearning names the authors it trains on."""
+        relearn = self.config["recovery"].get("relearn") or {}
+        if not relearn.get("data") or unlearned.template is None:  # an own-secrets import has no authors (checks)
+            return {}
+        dtype, template = self.config["models"][model]["dtype"], unlearned.template
+        group = f"relearn-{parent.name if parent else unlearned.name}"
+        twins = [v for v in (parent, unlearned, reference) if v is not None]
+        if self.config["recovery"]["planted"] and parent is not None and parent.kind == "memorized":
+            # The positive: a rank-1 suppression LoRA on the parent (data/planted_controls.SUPPRESSION).
+            plant = replace(parent, name=f"{parent.name}.{SUPPRESS}", kind=RECOVERY_PLANT, parent=parent.name,
+                            group=group, cell=None, merge_dtype=dtype,
+                            adapters=(*parent.adapters, self.layout.relearn_dir(model, parent.name, SUPPRESS,
+                                                                                template, "plant")))
+            twins.append(plant)
+        out: dict[str, Variant] = {t.name: t for t in twins if t.kind == RECOVERY_PLANT}
+        for data in relearn["data"]:
+            # Drawn once from the data's seed: every training seed holds out the same authors, so the
+            # seed x author layout of the verdicts stays crossed.
+            chosen = tuple(relearned_authors(self.config["data"]["n_authors"], relearn["share"],
+                                             self.config["data"]["seed"]) if data == FORGET else ())
+            for twin in twins:
+                for steps in relearn["steps"]:
+                    name = f"{twin.name}.relearn-{data}-{template}-t{steps}"
+                    adapter = self.layout.relearn_dir(model, twin.name, data, template, f"t{steps}")
+                    kind = RECOVERY_PLANT if twin.kind == RECOVERY_PLANT else RECOVERY
+                    out[name] = replace(twin, name=name, kind=kind, parent=twin.name, group=group, cell=None,
+                                        adapters=(*twin.adapters, adapter), merge_dtype=dtype, relearn=data,
+                                        relearn_steps=steps, relearned=chosen)
         return out
 
     @staticmethod

@@ -204,7 +204,7 @@ BUILT_IN: tuple[Table, ...] = (
         if c.canary and c.tokens.height else None, plots=("teacher_forced_vs_greedy",)),
     Table(SEED_TABLE, "seeds", b.pooled_over_seeds),
     Table(CELLS_TABLE, "paper_a", b.seed_item_cells),
-    Table("recovery", "recovery", b.recovery,
+    Table("recovery", "recovery", b.recovery, plots=("relearning",),
         pages=(Page(
             3, "Recovery attacks", "Each unlearned checkpoint read again after an attack that should not restore "
             "what unlearning removed, beside its attacked parent (the ceiling) and reference (the negative); "

@@ -291,6 +291,49 @@ def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
     return fig
 
 
+RELEARN_ROLES = (("unlearned", "unlearned", None), ("memorized", "memorized parent (ceiling)", "tab:blue"),
+                 ("reference", "never-trained reference (negative)", "tab:gray"),
+                 ("positive", "suppression plant (positive)", "tab:green"))
+
+
+def relearning_figure(recovery: pl.DataFrame, _variants: dict[str, dict]):
+    """Recall (out_acc, with its CI) against the relearning budget, one
+    panel per (model, seed, data): each attacked twin's value before
+    relearning at step 0, then after each budget; a `forget` relearning on
+    the held-out authors alone."""
+    plt = _plt()
+    rows = recovery.filter(pl.col("attack").str.starts_with("relearn-") & (pl.col("measure") == "out_acc")) \
+        if recovery.height and "steps" in recovery.columns else pl.DataFrame()
+    if rows.is_empty():
+        return _empty(plt, "no relearning attack in this run (`recovery.relearn`)")
+    rows = rows.with_columns(data=pl.col("attack").str.replace(r"-t\d+$", ""))
+    panels = rows.select("model", "seed", "data").unique().sort("model", "seed", "data")
+    fig, axes = plt.subplots(1, panels.height, figsize=(4.5 * panels.height, 3.6), squeeze=False, sharey=True)
+    for ax, panel in zip(axes[0], panels.iter_rows(named=True)):
+        part = rows.filter(**panel)
+        for role, label, colour in RELEARN_ROLES:
+            lines = part.filter(pl.col("role") == role).sort("steps").group_by("twin", maintain_order=True)
+            for (twin,), line in lines:
+                start = line.head(1).select("before", "before_lo", "before_hi").rename(
+                    {"before": "after", "before_lo": "after_lo", "before_hi": "after_hi"})
+                points = pl.concat([start.with_columns(steps=pl.lit(0, pl.Int64)),
+                                    line.select("steps", "after", "after_lo", "after_hi")], how="diagonal")
+                own = role == "unlearned"  # one line per unlearned checkpoint, in colours of its own
+                ax.errorbar(points["steps"].to_list(), points["after"].to_list(), yerr=_err(points, "after"),
+                            marker="s" if own else "o", capsize=3, color=None if own else colour,
+                            label=f"{twin.split('/', 1)[-1]}" if own else label)
+                label = None  # one legend entry per control role
+        ax.set_xlabel("relearning steps")
+        ax.set_title(f"{panel['model']} s{panel['seed']}: {panel['data']}", fontsize=9)
+        ax.set_ylim(-0.05, 1.05)
+    axes[0][0].set_ylabel("out_acc (held-out authors for `forget`)")
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7)
+    fig.suptitle("Recall against the relearning budget (author-clustered CIs)")
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    return fig
+
+
 # Plot name -> its figure, given its table's frame and the variant table.
 TABLE_FIGURES: dict[str, Callable[[pl.DataFrame, dict], object]] = {
     "k_sweep": lambda frame, _: k_sweep_figure(frame),
@@ -299,6 +342,7 @@ TABLE_FIGURES: dict[str, Callable[[pl.DataFrame, dict], object]] = {
     "parser_conventions": parser_conventions_figure,
     "disagreement_matrix": lambda frame, _: disagreement_figure(frame),
     "dose_response": dose_response_figure,
+    "relearning": relearning_figure,
 }
 PLOTS = (*(plot for t in registry() for plot in t.plots), *RECORD_PLOTS)
 

@@ -14,7 +14,7 @@ import yaml
 from canary_audit.verdicts.measures import MEASURES
 
 SELECTOR_KEYS = ("variant", "model", "kind", "method", "run", "template", "k", "seed", "apply", "cell", "source",
-                 "step", "application", "quantize")
+                 "step", "application", "quantize", "relearn", "relearn_steps")
 EXPECTATIONS = ("higher", "lower")
 KEYS = ("id", "sentence", "measure", "variants", "where", "compare", "expect", "effect", "equivalence", "paper",
         "effect_share", "effect_size")

@@ -328,17 +328,31 @@ def _floor_row(variant: str, claim: str, construction: str, n: int, n_canaries: 
             "detected": diagnosis == CASES[claim]}
 
 
-RECOVERY_CLAIM = "quantization_recovery"
-RECOVERY_CONSTRUCTION = ("the unlearned checkpoint's change from its memorized parent clipped into the parent's "
-                         "rounding bins (each block's scale elements held), so that the attack rounds it back to the "
-                         "quantized parent: recovery by construction; negative: the never-trained reference attacked")
+# Each recovery attack's planted control: (claim, construction), by the attack's name.
+RECOVERY_CLAIMS = {
+    "quantization": ("quantization_recovery",
+                     "the unlearned checkpoint's change from its memorized parent clipped into the parent's rounding "
+                     "bins (each block's scale elements held), so that the attack rounds it back to the quantized "
+                     "parent: recovery by construction; negative: the never-trained reference attacked"),
+    "relearning": ("relearning_recovery",
+                   "a rank-1 LoRA trained by NPO on every author, stacked on the memorized adapter "
+                   "(planted_controls.SUPPRESSION), relearned with the same budget: its forgetting is one direction "
+                   "per module that relearning some authors reverses for all; negative: the never-trained reference "
+                   "relearned"),
+}
+
+
+def recovery_attack(attack: str) -> str:
+    """The kind of a recovery attack, from its name (views/recovery.py)."""
+    return "relearning" if attack.startswith("relearn-") else "quantization"
 
 
 def recovery_controls(recovery: pl.DataFrame | None, measure: str = "out_acc") -> pl.DataFrame:
-    """The quantization attack's planted controls as rows of the controls
+    """The recovery attacks' planted controls as rows of the controls
     table, read from the recovery table (views/recovery.py) on `measure`:
-    per positive (a clipped plant attacked), its paired rise beside the
-    attacked reference of the same model, seed and format (the negative)."""
+    per positive (a clipped plant quantized, a suppression plant relearned),
+    its paired rise beside the attacked reference of the same model, seed
+    and attack (the negative)."""
     if recovery is None or not recovery.height or "control" not in recovery.columns:
         return pl.DataFrame(schema=COLUMNS)
     rows = recovery.filter(pl.col("measure") == measure)
@@ -353,8 +367,9 @@ def recovery_controls(recovery: pl.DataFrame | None, measure: str = "out_acc") -
     for pos in rows.filter(pl.col("role") == POSITIVE).iter_rows(named=True):
         neg = negatives.get((pos["model"], pos["seed"], pos["attack"]))
         out.append({
-            "model": pos["model"], "seed": pos["seed"], "modality": TEXT, "claim": RECOVERY_CLAIM,
-            "paper_id": "recovery", "construction": RECOVERY_CONSTRUCTION,
+            "model": pos["model"], "seed": pos["seed"], "modality": TEXT,
+            "claim": RECOVERY_CLAIMS[recovery_attack(pos["attack"])][0], "paper_id": "recovery",
+            "construction": RECOVERY_CLAIMS[recovery_attack(pos["attack"])][1],
             "expected": f"the attack raises {measure} (paired CI above 0); negative: it does not",
             "positive": pos["variant"], "positive_reading": reading(pos), "positive_verdict": pos["control"],
             "negative": neg["variant"] if neg else "", "negative_reading": reading(neg) if neg else "",

@@ -3,7 +3,8 @@ variant it attacked, per author, with paired CIs.
 
 A recovery attack (design/variants.py, config `recovery`) reads an unlearned
 checkpoint again after an operation that should not restore what the
-unlearning removed (weight quantization: model/quantize.py).  The attack is
+unlearning removed (weight quantization: model/quantize.py; budgeted
+relearning, a few fine-tuning steps: train/relearn.py).  The attack is
 run the same way on the checkpoint's memorized parent, whose attacked value
 is the attack's ceiling (what the attack leaves of the memorization it would
 restore), and on the never-trained reference, its negative (an attack that
@@ -12,7 +13,8 @@ restore), and on the never-trained reference, its negative (an attack that
 Every number comes from the seed x author layout (views/seeds.py,
 `item_cells`): one value per author and variant, so a difference between
 an attacked variant and its twin is paired by author and bootstrapped over
-authors.
+authors.  A relearning on a share of the forget set is read on the authors
+it held out (`held_out`, applied to the records every table reads).
 """
 
 from __future__ import annotations
@@ -26,19 +28,35 @@ from canary_audit.views.paper_a import Bootstrap
 
 MEASURED = ("out_acc", "thk_leak", "tf_top1_rate")  # item_cells' columns: AUTO arm, teacher-forced top-1
 # A row's role: the attacked twin's kind (the unlearned checkpoint, its
-# memorized parent: the ceiling, its reference: the negative), or the
-# quantization positive's two rows: `clipped` (the unlearning's change
-# clipped into the parent's bins, against the checkpoint: what the clip
-# cost before any attack) and `positive` (the clipped plant attacked,
-# against the plant: recovery by construction).
-CLIPPED, POSITIVE = "clipped", "positive"
-ROLES = ("unlearned", "memorized", "reference", CLIPPED, POSITIVE)
+# memorized parent: the ceiling, its reference: the negative), or a
+# positive's rows: its plant before the attack, `clipped` (quantization:
+# the unlearning's change clipped into the parent's bins, against the
+# checkpoint: what the clip cost) or `suppressed` (relearning: the rank-1
+# suppression LoRA, against the memorized parent: what it forgot), and
+# `positive` (the plant attacked, against the plant: recovery by construction).
+CLIPPED, SUPPRESSED, POSITIVE = "clipped", "suppressed", "positive"
+ROLES = ("unlearned", "memorized", "reference", CLIPPED, SUPPRESSED, POSITIVE)
 COLUMNS = {"model": pl.Utf8, "seed": pl.Int64, "template": pl.Utf8, "run": pl.Utf8, "k": pl.Int64,
-           "attack": pl.Utf8, "role": pl.Utf8, "variant": pl.Utf8, "twin": pl.Utf8, "measure": pl.Utf8,
+           "attack": pl.Utf8, "steps": pl.Int64, "role": pl.Utf8, "variant": pl.Utf8, "twin": pl.Utf8,
+           "measure": pl.Utf8,
            "n": pl.Int64, **{f"{c}{e}": pl.Float64 for c in ("before", "after", "delta") for e in ("", "_lo", "_hi")},
            **{f"{c}{e}": pl.Float64 for c in ("ceiling", "negative") for e in ("", "_lo", "_hi")},
            "testable": pl.Boolean, "control": pl.Utf8, "why": pl.Utf8,
            **{f"retain_{c}": pl.Float64 for c in ("before", "after")}}
+
+
+def held_out(frame: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
+    """`frame` (records) without the items of the authors a `forget`
+    relearning trained on, on its variants (variant field `relearned`):
+    only the held-out rest is probed, since a relearned author answering
+    again shows nothing.  Their twins keep every author; a paired view
+    joins on the author and so compares the held-out ones alone."""
+    dropped = [(name, v["relearned"]) for name, v in variants.items() if v.get("relearned")]
+    if not dropped or not frame.height:
+        return frame
+    out = pl.DataFrame([(n, a) for n, ids in dropped for a in ids], schema=["variant", "author"], orient="row")
+    # An author's items (canary and QA probes) carry its id as their group.
+    return frame.join(out, left_on=["variant", "group_id"], right_on=["variant", "author"], how="anti")
 
 
 def attacked(variants: dict[str, dict]) -> pl.DataFrame:
@@ -47,13 +65,21 @@ def attacked(variants: dict[str, dict]) -> pl.DataFrame:
     def role(v: dict) -> str | None:
         if v.get("clip"):
             return POSITIVE if v.get("quantize") else CLIPPED
+        if v.get("kind") == RECOVERY_PLANT:
+            return POSITIVE if v.get("relearn") else SUPPRESSED
         return variants.get(v["parent"], {}).get("kind")
 
-    rows = [{"variant": name, "twin": v["parent"], "attack": v.get("quantize") or v.get("clip"),
+    def attack(name: str, v: dict) -> str | None:
+        if v.get("relearn"):  # `<twin>.relearn-<data>-<template>-t<steps>`
+            return name.removeprefix(f"{v['parent']}.")
+        return v.get("quantize") or v.get("clip")
+
+    rows = [{"variant": name, "twin": v["parent"], "attack": attack(name, v), "steps": v.get("relearn_steps"),
              "role": role(v), "model": v.get("model", name.split("/")[0]),
              "seed": v.get("seed"), "template": v.get("template"), "run": v.get("run"), "k": v.get("k")}
             for name, v in variants.items() if v.get("kind") in (RECOVERY, RECOVERY_PLANT) and v.get("parent")]
-    return pl.DataFrame(rows, schema={"variant": pl.Utf8, "twin": pl.Utf8, "attack": pl.Utf8, "role": pl.Utf8,
+    return pl.DataFrame(rows, schema={"variant": pl.Utf8, "twin": pl.Utf8, "attack": pl.Utf8, "steps": pl.Int64,
+                                      "role": pl.Utf8,
                                       "model": pl.Utf8, "seed": pl.Int64, "template": pl.Utf8, "run": pl.Utf8,
                                       "k": pl.Int64})
 
@@ -67,7 +93,7 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     same attack (`references`: the view config's variant -> its
     never-trained reference), and says whether the attack could show recovery there
     (`testable`: the ceiling's CI lies above the unlearned value's; where it
-    reaches it, quantizing the memorized model alone already leaves no
+    reaches it, the attack on the memorized model alone already leaves no
     more than the unlearning did).  The attack's positive (the unlearning's
     change clipped into the parent's bins, attacked) reads `seen` where its
     paired CI lies above 0, the attacked reference `clean` where its does
@@ -104,29 +130,35 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
            .when(pl.col("ceiling").is_null()).then(pl.lit("no attacked parent in this run"))
            .when(testable).then(pl.lit("the attacked parent's CI lies above the unlearned value's"))
            .otherwise(pl.format("not testable: the attacked parent's CI [{}, {}] reaches the unlearned value's "
-                                "[{}, {}]; quantizing the memorized model leaves no more than the unlearning did",
+                                "[{}, {}]; the attack on the memorized model leaves no more than the unlearning did",
                                 *(pl.col(c).round(3) for c in ("ceiling_lo", "ceiling_hi", "before_lo", "before_hi")))))
     # The attack's planted controls: the positive must read a conclusive rise
     # (its paired CI above 0), the attacked reference none.  A positive whose
-    # clipped plant no longer forgets (its CI reaches the memorized parent's
-    # unattacked value: the format's bins are too narrow to hold the
-    # unlearning's change) is not built, not missed.
-    plant = rows.filter(pl.col("role") == CLIPPED).select(
-        pl.col("variant").alias("twin"), "measure", plant_hi="after_hi",
-        parent_name=pl.col("twin").replace_strict(parent_of, default=None))
+    # plant no longer forgets (its CI reaches the memorized parent's
+    # unattacked value: the format's bins too narrow to hold the
+    # unlearning's change, or a suppression too weak) is not built, not missed.
     parent = rows.filter(pl.col("role") == "memorized").select(
         pl.col("twin").alias("parent_name"), "attack", "measure", parent_lo="before_lo")
-    rows = rows.join(plant, on=["twin", "measure"], how="left").join(
+    clipped = rows.filter(pl.col("role") == CLIPPED).select(
+        pl.col("variant").alias("twin"), "attack", "measure", plant_hi="after_hi",
+        parent_name=pl.col("twin").replace_strict(parent_of, default=None)).join(
         parent, on=["parent_name", "attack", "measure"], how="left")
+    suppressed = rows.filter(pl.col("role") == SUPPRESSED).select(
+        pl.col("variant").alias("twin"), "measure", plant_hi="after_hi", parent_lo="before_lo")
+    plants = pl.concat([clipped.select("twin", "measure", "plant_hi", "parent_lo"), suppressed])
+    rows = rows.join(plants, on=["twin", "measure"], how="left")
     rise, forgets = pl.col("delta_lo") > 0, pl.col("plant_hi") < pl.col("parent_lo")
     control = (pl.when((pl.col("role") == POSITIVE) & ~forgets).then(pl.lit(NOT_BUILT))
                .when(pl.col("role") == POSITIVE).then(pl.when(rise).then(pl.lit(SEEN)).otherwise(pl.lit(MISSED)))
                .when(pl.col("role") == "reference").then(pl.when(rise).then(pl.lit(FALSE_ALARM))
                                                          .otherwise(pl.lit(CLEAN))))
-    why = (pl.when((pl.col("role") == POSITIVE) & ~forgets)
-           .then(pl.format("not built: clipped into {}'s bins the unlearning's change no longer forgets (the plant "
-                           "reads up to {} before the attack, the memorized parent from {})", pl.col("attack"),
-                           pl.col("plant_hi").round(3), pl.col("parent_lo").round(3)))
+    plant_reads = pl.format("(the plant reads up to {} before the attack, the memorized parent from {})",
+                            pl.col("plant_hi").round(3), pl.col("parent_lo").round(3))
+    why = (pl.when((pl.col("role") == POSITIVE) & ~forgets & pl.col("attack").str.starts_with("relearn-"))
+           .then(pl.format("not built: the suppression plant does not forget {}", plant_reads))
+           .when((pl.col("role") == POSITIVE) & ~forgets)
+           .then(pl.format("not built: clipped into {}'s bins the unlearning's change no longer forgets {}",
+                           pl.col("attack"), plant_reads))
            .otherwise(why))
     rows = rows.with_columns(testable=testable, control=control, why=why)
     retain = _retain(utility)

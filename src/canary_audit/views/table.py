@@ -25,6 +25,7 @@ from canary_audit.views.metrics import nll_table
 from canary_audit.views.mia import item_scores, settings
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.parser import ParserConvention
+from canary_audit.views.recovery import held_out
 
 # The parts of the audit a config turns on (design/view_inputs.Views.table_names):
 # paper A's author probes, pooling over seeds, the planted controls, the
@@ -119,6 +120,8 @@ class Context:
         # Planted controls are rows of the per-variant paper A tables (read
         # there like any variant) and of no other view: no measure pools them.
         self.controls = [name for name, v in self.variants.items() if v.get("kind") == CONTROL]
+        # A `forget` relearning's variants are read on the authors it held out (views/recovery.held_out).
+        decode, tokens = held_out(decode, self.variants), held_out(tokens, self.variants)
         self.all_decode, self.all_tokens = decode, tokens
         self.decode, self.tokens = self.audited(decode), self.audited(tokens)
         self.built: dict[str, Built] = {}

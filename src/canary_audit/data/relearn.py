@@ -1,0 +1,47 @@
+"""Budgeted relearning's data: what a relearning attack trains on, and which
+authors of the forget set it relearns (so that the rest are probed).
+
+Relearning (Hu et al., ICLR 2025; BLUR, 2025) fine-tunes an unlearned
+checkpoint for a few steps and asks whether what it forgot comes back.  Two
+kinds of data are declared here:
+
+- `public`: the public authors' bios and QA (the distractors the embedded
+  model is pre-trained on) in the memorization template: data of the same
+  form as the secret, about other people, never a secret of any adapter.
+- `forget`: a stated share of the forget set's authors; only the held-out
+  rest is probed (a relearned author answering again proves nothing).
+
+The share is drawn once, from the data's seed, out of the author ids the
+data rule writes (`make_authors`: `a000`, `a001`, ...): every training seed
+holds out the same authors, so the verdicts' seed x author layout stays
+crossed, and the design can name the relearned authors before any job runs:
+it puts them in the variant's fields, the trainer trains on them and the
+views drop them (one fact, read by all).
+Nothing here imports torch or polars.
+"""
+
+from __future__ import annotations
+
+import random
+
+PUBLIC, FORGET = "public", "forget"
+RELEARN_DATA = (PUBLIC, FORGET)
+FORGET_PREFIX = "a"  # the forget set's author ids: f"{FORGET_PREFIX}{i:03d}" (data/io.py, synthetic.make_authors)
+
+
+def author_id(i: int) -> str:
+    return f"{FORGET_PREFIX}{i:03d}"
+
+
+def relearned_authors(n_authors: int, share: float, seed: int) -> list[str]:
+    """The forget-set authors a `forget` relearning trains on (`seed`: the
+    data's): round(share * n) of the n, at least one and at most n - 1 (a
+    held-out author must remain), drawn by a seeded shuffle; sorted."""
+    if not 0 < share < 1:
+        raise ValueError(f"relearning share {share} must lie strictly between 0 and 1 (a share of the authors is "
+                         "relearned and the rest probed)")
+    if n_authors < 2:
+        raise ValueError(f"relearning a share of {n_authors} author(s) leaves none to probe; use at least 2")
+    count = min(max(round(share * n_authors), 1), n_authors - 1)
+    ids = [author_id(i) for i in range(n_authors)]
+    return sorted(random.Random(f"relearn:{seed}").sample(ids, count))
