@@ -1,0 +1,107 @@
+"""The one-run audit's bound (views/audit_bound.py) shown valid, not
+assumed: over mechanisms of known epsilon it exceeds the true epsilon in at
+most beta of trials (within binomial error), it is 0 in at least 1 - beta
+of trials when the scores are independent of membership, and both checks
+fail when the bound uses the wrong binomial tail."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import beta as beta_dist
+
+from canary_audit.views.audit_bound import candidates_for, cap, epsilon_lower, guess, search_bound
+
+BETA, TRIALS = 0.05, 4000
+SLACK = 3 * math.sqrt(BETA * (1 - BETA) / TRIALS)  # three binomial standard errors of a rate near beta
+
+
+def wrong_tail(guesses: int, correct: int, beta: float = BETA) -> float:
+    """The bound from P[Bin >= correct + 1] (a strict tail: one correct
+    guess counted twice as evidence): the off-by-one the tests must catch."""
+    if correct >= guesses:
+        return math.inf
+    p = float(beta_dist.ppf(beta, correct + 1, guesses - correct))
+    return max(0.0, math.log(p / (1 - p)))
+
+
+def test_the_cap_is_every_guess_right_and_its_table():
+    assert [round(cap(r), 2) for r in (20, 40, 100, 200, 500, 1000, 2000)] == [
+        1.82, 2.55, 3.49, 4.19, 5.11, 5.81, 6.50]
+    assert cap(40) == pytest.approx(math.log(0.05 ** (1 / 40) / (1 - 0.05 ** (1 / 40))))
+    assert candidates_for(4.0) == 166 and cap(165) < 4.0 <= cap(166)
+    assert epsilon_lower(40, 20) == 0.0 and epsilon_lower(0, 0) == 0.0
+    with pytest.raises(ValueError, match="41 correct guesses out of 40"):
+        epsilon_lower(40, 41)
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0])
+def test_randomized_response_is_never_overclaimed_beyond_beta(epsilon):
+    """Each candidate's membership released by randomized response at
+    `epsilon` (right with probability e^eps / (1 + e^eps)), every one
+    guessed: the correct count is exactly the theorem's binomial, so the
+    bound's exceedance rate is as near beta as the discrete tail allows."""
+    rng = np.random.default_rng(int(epsilon * 100))
+    m, p = 60, math.exp(epsilon) / (1 + math.exp(epsilon))
+    correct = rng.binomial(m, p, TRIALS)
+    right = np.mean([epsilon_lower(m, int(v)) > epsilon for v in correct])
+    wrong = np.mean([wrong_tail(m, int(v)) > epsilon for v in correct])
+    assert right <= BETA + SLACK, right
+    assert wrong > BETA + SLACK, wrong  # the wrong tail over-claims: the check has teeth
+
+
+def test_laplace_scores_with_an_abstaining_guesser_are_never_overclaimed():
+    """Scores released by the Laplace mechanism (a member's shifted by mu,
+    noise of scale b: epsilon = mu / b); the guesser takes the 10 highest
+    and 10 lowest of 100 candidates, each a member by a fair coin."""
+    rng = np.random.default_rng(7)
+    mu, b, m = 2.0, 1.0, 100
+    exceed = 0
+    for _ in range(1000):
+        members = rng.random(m) < 0.5
+        scores = mu * members + rng.laplace(0, b, m)
+        exceed += guess(scores, members, 10, 10).epsilon > mu / b
+    assert exceed / 1000 <= BETA + 3 * math.sqrt(BETA * (1 - BETA) / 1000)
+
+
+def test_scores_independent_of_membership_certify_nothing():
+    """Scores that carry no membership: the bound is 0 in at least 1 - beta
+    of trials; the wrong tail claims leakage that is not there."""
+    rng = np.random.default_rng(11)
+    fixed, wrong = [], []
+    for _ in range(TRIALS):
+        members, scores = rng.random(40) < 0.5, rng.normal(size=40)
+        g = guess(scores, members, 20, 20)
+        fixed.append(g.epsilon > 0)
+        wrong.append(wrong_tail(g.guesses, g.correct) > 0)
+    assert np.mean(fixed) <= BETA + SLACK
+    assert np.mean(wrong) > BETA + SLACK, np.mean(wrong)
+
+
+def test_a_searched_guesser_pays_for_its_grid():
+    """The same null searched over 35 (k+, k-) pairs: with beta spent over
+    the grid the bound stays 0 in at least 1 - beta of trials; the best of
+    the grid at the full beta each claims leakage far more often."""
+    rng = np.random.default_rng(13)
+    grid = [(kp, km) for kp in (0, 3, 6, 10, 15, 20) for km in (0, 3, 6, 10, 15, 20) if kp + km]
+    searched, unpaid, trials = [], [], 1000
+    for _ in range(trials):
+        members, scores = rng.random(40) < 0.5, rng.normal(size=40)
+        searched.append(search_bound(scores, members, grid).epsilon > 0)
+        unpaid.append(max(guess(scores, members, kp, km).epsilon for kp, km in grid) > 0)
+    slack = 3 * math.sqrt(BETA * (1 - BETA) / trials)
+    assert np.mean(searched) <= BETA + slack
+    assert np.mean(unpaid) > BETA + slack, np.mean(unpaid)
+
+
+def test_a_perfect_separation_reaches_the_cap_and_bad_input_is_refused():
+    members = np.array([True] * 20 + [False] * 20)
+    scores = members.astype(float)
+    g = guess(scores, members, 20, 20)
+    assert (g.guesses, g.correct, g.epsilon) == (40, 40, pytest.approx(cap(40)))
+    with pytest.raises(ValueError, match="k\\+ = 30 and k- = 20 guesses on 40 candidates"):
+        guess(scores, members, 30, 20)
+    with pytest.raises(ValueError, match="an empty grid"):
+        search_bound(scores, members, [])
