@@ -156,3 +156,28 @@ def test_a_table_column_null_over_its_first_rows_reads_as_numbers(tmp_path):
     assert with_ci(frame, ["prefill_own_trace"])["prefill_own_trace"][-1] == "0.5 [0.25, 0.75]"
     (tmp_path / "empty.csv").write_text("")
     assert read_table(tmp_path / "empty.csv") is None and read_table(tmp_path / "none.csv") is None
+
+
+def test_the_mia_row_pairs_the_loss_aucs_over_the_items_both_sides_hold():
+    """Members (author canaries) and non-member authors scored by LOSS: the
+    twin's AUC near 0.5 (scores that ignore membership), the attacked variant's
+    1.0 (members above every non-member) on the items it holds (one member
+    dropped, as a relearning drops its authors): the row reads its AUCs
+    over the 9 shared members (19/36 -> 1.0), the paired difference's CI above 0."""
+    from canary_audit.views.recovery import MIA_MEASURE, mia_rates
+
+    rows = []
+    for i in range(10):
+        rows.append(("tiny/x", f"a{i:03d}", True, float(i % 2)))
+        rows.append(("tiny/x", f"n{i:03d}", False, float(i % 2)))
+        if i:
+            rows.append(("tiny/x.attacked", f"a{i:03d}", True, 5.0 + i))
+        rows.append(("tiny/x.attacked", f"n{i:03d}", False, -5.0 - i))
+    scores = pl.DataFrame(rows, schema=["variant", "item_id", "member", "loss"], orient="row").with_columns(
+        population=pl.lit("author"), arm=pl.lit("prefill_bio"),
+        probe_set=pl.when(pl.col("member")).then(pl.lit("canary")).otherwise(pl.lit("author_nonmember")))
+    pairs = pl.DataFrame({"variant": ["tiny/x.attacked"], "twin": ["tiny/x"]})
+    row = mia_rates(scores, pairs, Bootstrap(replicates=200), "prefill_bio").row(0, named=True)
+    assert (row["measure"], row["n"], row["before"], row["after"]) == (MIA_MEASURE, 9, pytest.approx(19 / 36), 1.0)
+    assert row["delta_lo"] > 0 and row["after_lo"] == 1.0
+    assert mia_rates(scores, pairs, Bootstrap(replicates=200), "prefill_meta").is_empty()

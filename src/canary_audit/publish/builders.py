@@ -27,7 +27,7 @@ from canary_audit.views.extraction import extraction_table
 from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.mia import mia_table
 from canary_audit.views.privacy import privacy_table
-from canary_audit.views.recovery import recovery_table
+from canary_audit.views.recovery import MIA_MEASURE, recovery_table
 from canary_audit.views.seeds import CELLS_TABLE, across_seeds, item_cells
 from canary_audit.views.strata import strata_table
 from canary_audit.views.table import Built, Context
@@ -197,12 +197,14 @@ def recovery(ctx: Context) -> Built | None:
     if cells is None:
         return None
     utility = ctx.built.get("utility")
+    scores = ctx.scores if ctx.mia is not None and ctx.tokens.height else None
     table = recovery_table(cells[1], utility[1] if utility else None, ctx.variants, ctx.cfg.get("references", {}),
-                           ctx.boot)
+                           ctx.boot, scores, f"prefill_{ctx.contrast}")
     if not table.height:
         return None
     return (f"Recovery attacks: each attacked variant (`after`) beside the variant it attacked (`before`), per "
-            f"measure, with their paired difference (`delta`); an unlearned row beside the same attack on its "
+            f"measure (the LOSS attack's AUC `{MIA_MEASURE}` under prefill_{ctx.contrast} beside the rates), with "
+            f"their paired difference (`delta`); an unlearned row beside the same attack on its "
             f"memorized parent (`ceiling`) and its never-trained reference (`negative`); {ctx.ci}", table)
 
 

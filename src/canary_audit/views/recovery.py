@@ -19,14 +19,17 @@ it held out (`held_out`, applied to the records every table reads).
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_BUILT, SEEN
 from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 from canary_audit.views.bootstrap import rates_with_ci
+from canary_audit.views.mia import auc, bootstrap_draws
 from canary_audit.views.paper_a import Bootstrap
 
 MEASURED = ("out_acc", "thk_leak", "tf_top1_rate")  # item_cells' columns: AUTO arm, teacher-forced top-1
+MIA_MEASURE = "mia_auc_loss"  # the LOSS attack's AUC, author canaries against non-member authors (views/mia.py)
 # A row's role: the attacked twin's kind (the unlearned checkpoint, its
 # memorized parent: the ceiling, its reference: the negative), or a
 # positive's rows: its plant before the attack, `clipped` (quantization:
@@ -84,8 +87,42 @@ def attacked(variants: dict[str, dict]) -> pl.DataFrame:
                                       "k": pl.Int64})
 
 
+def mia_rates(scores: pl.DataFrame, pairs: pl.DataFrame, boot: Bootstrap, arm: str) -> pl.DataFrame:
+    """The LOSS attack's AUC on the authors' canaries (members) against the
+    non-member authors, under prefill `arm` (views/mia.py), of each attacked
+    variant (`after`) and its twin (`before`), over the items both hold (a
+    relearning on a share of the authors is read on the rest), with their
+    difference: members and non-members resampled independently, the same
+    draws for both sides, so the difference's CI is paired."""
+    chosen = scores.filter((pl.col("population") == "author") & (pl.col("arm") == arm))
+    rows = []
+    for variant, twin in pairs.select("variant", "twin").iter_rows():
+        sides = [chosen.filter(pl.col("variant") == v).select("probe_set", "item_id", "member", "loss")
+                 for v in (twin, variant)]
+        if any(side.is_empty() for side in sides):
+            continue
+        both = sides[0].join(sides[1], on=["probe_set", "item_id", "member"], suffix="_after").sort(
+            "probe_set", "item_id")
+        members, nonmembers = both.filter(pl.col("member")), both.filter(~pl.col("member"))
+        if members.is_empty() or nonmembers.is_empty():
+            continue
+        pick_m, pick_n = bootstrap_draws(members.height, nonmembers.height, boot.replicates, boot.seed)
+        point, draws = {}, {}
+        for side, column in (("before", "loss"), ("after", "loss_after")):
+            m, n = members[column].to_numpy(), nonmembers[column].to_numpy()
+            point[side], draws[side] = float(auc(m[None], n[None])[0]), auc(m[pick_m], n[pick_n])
+        point["delta"], draws["delta"] = point["after"] - point["before"], draws["after"] - draws["before"]
+        tail = (1.0 - boot.level) / 2.0
+        rows.append({"variant": variant, "measure": MIA_MEASURE, "n": members.height,
+                     **{f"{k}{e}": v for k in point for e, v in (("", point[k]),
+                                                                 ("_lo", float(np.quantile(draws[k], tail))),
+                                                                 ("_hi", float(np.quantile(draws[k], 1 - tail))))}})
+    return pl.DataFrame(rows)
+
+
 def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: dict[str, dict],
-                   references: dict[str, dict], boot: Bootstrap) -> pl.DataFrame:
+                   references: dict[str, dict], boot: Bootstrap, scores: pl.DataFrame | None = None,
+                   arm: str = "prefill_bio") -> pl.DataFrame:
     """One row per (attacked variant, measure): the twin's value (`before`),
     the attacked one's (`after`) and their paired difference, each with its
     author-clustered CI.  An unlearned row carries the attacked parent's
@@ -98,7 +135,9 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     change clipped into the parent's bins, attacked) reads `seen` where its
     paired CI lies above 0, the attacked reference `clean` where its does
     not (`control`).  Retain accuracy (AUTO arm) before and
-    after stands beside every row: the attack's cost in utility."""
+    after stands beside every row: the attack's cost in utility.  With the
+    MIA item `scores` (views/mia.item_scores), each pair also gets a row of
+    the LOSS attack's AUC under prefill `arm` (`mia_rates`)."""
     pairs = attacked(variants)
     if not pairs.height or not cells.height:
         return pl.DataFrame(schema=COLUMNS)
@@ -110,6 +149,8 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     rates = rates_with_ci(items, ["variant", "measure"], ["before", "after"], boot.replicates, boot.seed,
                           derive=lambda f: f.with_columns(delta=pl.col("after") - pl.col("before")),
                           level=boot.level, table="recovery")
+    if scores is not None and scores.height:
+        rates = pl.concat([rates, mia_rates(scores, pairs, boot, arm)], how="diagonal_relaxed")
     rows = pairs.join(rates, on="variant")
     # The same attack on the unlearned variant's parent and reference: its ceiling and its negative.
     parent_of = {n: v.get("parent") for n, v in variants.items()}
@@ -160,7 +201,10 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
            .then(pl.format("not built: clipped into {}'s bins the unlearning's change no longer forgets {}",
                            pl.col("attack"), plant_reads))
            .otherwise(why))
-    rows = rows.with_columns(testable=testable, control=control, why=why)
+    # The plants are built on recall: no control reads the MIA rows (an unlearned model's AUC stays near 1).
+    plant_read = pl.col("measure") != MIA_MEASURE
+    rows = rows.with_columns(testable=testable, control=pl.when(plant_read).then(control),
+                             why=pl.when(plant_read | (pl.col("role") == "unlearned")).then(why).otherwise(pl.lit("")))
     retain = _retain(utility)
     rows = (rows.join(retain.rename({"variant": "twin", "retain": "retain_before"}), on="twin", how="left")
             .join(retain.rename({"retain": "retain_after"}), on="variant", how="left"))
