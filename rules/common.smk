@@ -125,6 +125,17 @@ def command(name, *args):
     return " ".join(("python -m canary_audit", name, *args)) + " > {log} 2>&1"
 
 
+def command_via_file(name, *args):
+    """`command` with its config slice (`params.cfg`) handed over in a file
+    written first by bash's builtin printf: Linux caps one exec argument at
+    128 KiB and a results config's view config is larger (145 KB for
+    configs/seeds.yaml); a builtin is not exec'd, so the slice arrives whole."""
+    handed = "{log}.params.json"
+    return f"printf '%s' {{params.cfg:q}} > {handed} && " + command(
+        name, f"--params @{handed}", *args
+    )
+
+
 def data_dir(wildcards, input):
     """The data folder a job's `--data` names: its first input's."""
     return str(Path(input[0]).parent)

@@ -34,9 +34,8 @@ rule tables:
         cfg=config_slice("tables"),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        command(
+        command_via_file(
             "tables",
-            "--params {params.cfg:q}",
             "--decode {input.decode}",
             "--tokens {input.tokens}",
             "--out {params.out}",
@@ -70,9 +69,8 @@ rule plots:
         tables=lambda w, input: str(Path(input.tables[0]).parent),
         out=lambda w, output: str(Path(output[0]).parent),
     shell:
-        command(
+        command_via_file(
             "plots",
-            "--params {params.cfg:q}",
             "--tables {params.tables}",
             "--tokens {input.tokens}",
             "--out {params.out}",
