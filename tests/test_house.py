@@ -78,3 +78,24 @@ def test_the_performance_page_holds_current_figures_only():
     """docs/performance.md keeps each figure's latest run (git keeps the
     history): a page a reader reads through."""
     assert len((ROOT / "docs" / "performance.md").read_text().splitlines()) <= 200
+
+
+def test_a_slice_that_can_outgrow_one_exec_argument_goes_through_a_file():
+    """Linux caps one exec argument at 128 KiB (MAX_ARG_STRLEN).  A job
+    whose slice for the results config (configs/seeds.yaml, the largest
+    shipped) passes a quarter of that hands it over in a file
+    (`command_via_file`): a researcher's larger design would cross it."""
+    import yaml
+    from snakemake.utils import validate
+
+    from canary_audit.core.config_merge import merge
+    from canary_audit.core.records import canonical_json
+    from canary_audit.design import Design
+
+    config = merge(*(yaml.safe_load((ROOT / f).read_text()) for f in ("workflow_config.yaml", "configs/seeds.yaml")))
+    validate(config, str(ROOT / "src" / "canary_audit" / "design" / "config.schema.yaml"))
+    design, found = Design(config), rules()
+    sizes = {"tables": design.tables_slice(), "plots": design.plots_slice(), "claims": {"claims": config["claims"]}}
+    for rule, slice_ in sizes.items():
+        big = len(canonical_json(slice_)) > 32 * 1024
+        assert found[rule]["shell"].strip().startswith("command_via_file(") == big, rule
