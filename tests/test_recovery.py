@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, SEEN
+from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_BUILT, SEEN
 from canary_audit.verdicts.controls import recovery_controls
 from canary_audit.views.paper_a import Bootstrap
 from canary_audit.views.recovery import recovery_table
@@ -74,8 +74,9 @@ def test_the_stored_runs_recovery_rows_are_a_view_of_its_item_cells():
     steps beside the suppression plant) recomputed from its stored item
     cells; its readings: every attack testable but 20 public steps (they
     wipe the parent's own recall, the ceiling), the quantization positives
-    and the forget relearning's `seen`, the 20-step public one `missed`,
-    every attacked reference `clean`."""
+    and the forget relearning's `seen`, the 20-step public one `not built`
+    (the attacked parent falls to the plant's value: nothing it could
+    restore), every attacked reference `clean`."""
     config = json.loads((RUN / "view_config.json").read_text())
     table = recovery_table(pl.read_csv(RUN / "item_cells.csv"), pl.read_csv(RUN / "utility.csv"), config["variants"],
                            config["references"], Bootstrap(**config["bootstrap"]))
@@ -96,7 +97,7 @@ def test_the_stored_runs_recovery_rows_are_a_view_of_its_item_cells():
                          "tiny/mem-bio-s0.suppress.relearn-forget-bio-t5": SEEN,
                          "tiny/mem-bio-s0.suppress.relearn-forget-bio-t20": SEEN,
                          "tiny/mem-bio-s0.suppress.relearn-public-bio-t5": SEEN,
-                         "tiny/mem-bio-s0.suppress.relearn-public-bio-t20": MISSED}
+                         "tiny/mem-bio-s0.suppress.relearn-public-bio-t20": NOT_BUILT}
     assert {c for v, c in controls.items() if "reference" in v} == {CLEAN}
     rows = recovery_controls(table)
     assert rows.height == 6 and set(rows["negative_verdict"]) == {CLEAN}

@@ -130,3 +130,20 @@ def test_a_relearning_reads_its_rise_on_the_held_out_authors_beside_its_controls
     unbuilt = _relearn_table({**values, "tiny/mem-bio-s0.suppress": ones})
     positive = unbuilt.filter(pl.col("role") == "positive").row(0, named=True)
     assert positive["control"] == NOT_BUILT and positive["why"].startswith("not built: the suppression plant does")
+
+
+def test_a_relearning_that_wipes_the_parent_builds_no_positive():
+    """Where the relearning takes the memorized parent's own recall down to
+    the suppression plant's value, no rise could be seen on the plant: its
+    positive is `not built` (not `missed`), and the unlearned row is not
+    testable."""
+    ones, zeros = [1.0] * 20, [0.0] * 20
+    table = _relearn_table({"tiny/mem-bio-s0": ones, "tiny/npo-bio-s0-k20": zeros, "tiny/reference-meta-s0": zeros,
+                            "tiny/mem-bio-s0.suppress": zeros, "tiny/mem-bio-s0.relearn-forget-bio-t20": zeros,
+                            "tiny/npo-bio-s0-k20.relearn-forget-bio-t20": zeros,
+                            "tiny/reference-meta-s0.relearn-forget-bio-t20": zeros,
+                            "tiny/mem-bio-s0.suppress.relearn-forget-bio-t20": zeros})
+    rows = {r["role"]: r for r in table.iter_rows(named=True)}
+    assert rows["positive"]["control"] == NOT_BUILT
+    assert rows["positive"]["why"].startswith("not built: the attack leaves the memorized parent from 0.0")
+    assert rows["unlearned"]["testable"] is False

@@ -188,16 +188,32 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
         pl.col("variant").alias("twin"), "measure", plant_hi="after_hi", parent_lo="before_lo")
     plants = pl.concat([clipped.select("twin", "measure", "plant_hi", "parent_lo"), suppressed])
     rows = rows.join(plants, on=["twin", "measure"], how="left")
-    rise, forgets = pl.col("delta_lo") > 0, pl.col("plant_hi") < pl.col("parent_lo")
-    control = (pl.when((pl.col("role") == POSITIVE) & ~forgets).then(pl.lit(NOT_BUILT))
+    # A positive on a plant stacked on the memorized parent (the suppression)
+    # needs what the attack leaves of that parent above the plant: where the
+    # attacked parent reaches the plant's value (20 public steps wipe the
+    # parent's own recall) nothing could rise, so it is not built either.
+    attacked_parent = rows.filter(pl.col("role") == "memorized").select(
+        pl.col("twin").alias("plant_parent"), "attack", "measure", parent_after_lo="after_lo")
+    rows = rows.with_columns(plant_parent=pl.when(pl.col("role") == POSITIVE).then(
+        pl.col("twin").replace_strict(parent_of, default=None))).join(
+        attacked_parent, on=["plant_parent", "attack", "measure"], how="left")
+    rise = pl.col("delta_lo") > 0
+    built = (pl.col("plant_hi") < pl.col("parent_lo")) & (
+        pl.col("parent_after_lo").is_null() | (pl.col("parent_after_lo") > pl.col("before_hi")))
+    control = (pl.when((pl.col("role") == POSITIVE) & ~built).then(pl.lit(NOT_BUILT))
                .when(pl.col("role") == POSITIVE).then(pl.when(rise).then(pl.lit(SEEN)).otherwise(pl.lit(MISSED)))
                .when(pl.col("role") == "reference").then(pl.when(rise).then(pl.lit(FALSE_ALARM))
                                                          .otherwise(pl.lit(CLEAN))))
     plant_reads = pl.format("(the plant reads up to {} before the attack, the memorized parent from {})",
                             pl.col("plant_hi").round(3), pl.col("parent_lo").round(3))
-    why = (pl.when((pl.col("role") == POSITIVE) & ~forgets & pl.col("attack").str.starts_with("relearn-"))
+    plant_forgets = pl.col("plant_hi") < pl.col("parent_lo")
+    why = (pl.when((pl.col("role") == POSITIVE) & ~plant_forgets & pl.col("attack").str.starts_with("relearn-"))
            .then(pl.format("not built: the suppression plant does not forget {}", plant_reads))
-           .when((pl.col("role") == POSITIVE) & ~forgets)
+           .when((pl.col("role") == POSITIVE) & plant_forgets & ~built)
+           .then(pl.format("not built: the attack leaves the memorized parent from {}, no more than the plant's {} "
+                           "before it: nothing it could restore", pl.col("parent_after_lo").round(3),
+                           pl.col("before_hi").round(3)))
+           .when((pl.col("role") == POSITIVE) & ~built)
            .then(pl.format("not built: clipped into {}'s bins the unlearning's change no longer forgets {}",
                            pl.col("attack"), plant_reads))
            .otherwise(why))
