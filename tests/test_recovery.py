@@ -182,3 +182,18 @@ def test_the_mia_row_pairs_the_loss_aucs_over_the_items_both_sides_hold():
     assert (row["measure"], row["n"], row["before"], row["after"]) == (MIA_MEASURE, 9, pytest.approx(19 / 36), 1.0)
     assert row["delta_lo"] > 0 and row["after_lo"] == 1.0
     assert mia_rates(scores, pairs, Bootstrap(replicates=200), "prefill_meta").is_empty()
+
+
+def test_an_attack_added_to_a_run_never_moves_a_papers_reading():
+    """The papers' readings that pick or pool among the run's variants (the
+    parser flip's worst variant, the head echo's fallback pool) read the
+    audit's own arms: an attacked copy or a recovery plant is not one, so
+    a quantized checkpoint that misses its closing tag more often than any
+    arm is not the one the flip is read on."""
+    from canary_audit.verdicts.readings import Run
+
+    variants = json.loads((RUN / "view_config.json").read_text())["variants"]
+    frame = pl.DataFrame({"variant": ["tiny/npo-bio-s0-k20", "tiny/npo-bio-s0-k20.int4-row",
+                                      "tiny/mem-bio-s0.suppress"], "missing_close": [0.05, 0.45, 0.5]})
+    run = Run(None, {"variants": variants}, {})
+    assert run.audited(frame)["variant"].to_list() == ["tiny/npo-bio-s0-k20"]

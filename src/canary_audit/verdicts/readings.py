@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.data.planted_controls import CONTROL
+from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 from canary_audit.verdicts.intervals import clopper_pearson
 from canary_audit.views.paper_b import Verdicts
 from canary_audit.views.seeds import TABLE as SEED_TABLE
@@ -84,9 +85,12 @@ class Run:
 
     def audited(self, frame: pl.DataFrame) -> pl.DataFrame:
         """The rows of the audit's own variants, imports included (never a
-        planted control): what a measure that pools or picks among variants
-        may read."""
-        planted = [name for name, v in self.variants.items() if v.get("kind") == CONTROL]
+        planted control, nor a recovery attack's variant or plant: an
+        attacked copy is not one of the papers' arms, and adding an attack
+        must not move a paper's reading): what a measure that pools or picks
+        among variants may read."""
+        planted = [name for name, v in self.variants.items()
+                   if v.get("kind") in (CONTROL, RECOVERY, RECOVERY_PLANT)]
         return frame.filter(~pl.col("variant").is_in(planted))
 
     def seeds_of(self, name: str) -> list[str]:
