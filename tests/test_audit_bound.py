@@ -105,3 +105,11 @@ def test_a_perfect_separation_reaches_the_cap_and_bad_input_is_refused():
         guess(scores, members, 30, 20)
     with pytest.raises(ValueError, match="an empty grid"):
         search_bound(scores, members, [])
+
+
+def test_the_cap_table_plan_prints():
+    from canary_audit.views.audit_bound import render_caps
+
+    text = render_caps()
+    assert "| epsilon at most | 1.82 | 2.55 | 3.49 | 4.19 | 5.11 | 5.81 | 6.50 |" in text
+    assert "epsilon 4 needs 166" in text

@@ -80,6 +80,7 @@ def test_the_plan_command_prints_in_seconds():
                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""})
     assert out.returncode == 0, out.stderr
     assert "| decode | 22 | 140,760 |" in out.stdout and "H200" in out.stdout  # three seeds
+    assert "| epsilon at most | 1.82 | 2.55 |" in out.stdout  # the one-run audit's cap (views/audit_bound.py)
 
 
 @pytest.mark.parametrize("layer,shapes", [

@@ -38,6 +38,7 @@ from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.design.slices import resolved_settings
 from canary_audit.model.quantize import RECOVERY_PLANT
 from canary_audit.probes.kinds import kind_named
+from canary_audit.views.audit_bound import render_caps
 
 # Typical tokens per sequence, by what it is (a 7B tokenizer; hex digits are
 # one token each on Qwen's): an author prompt with its prefill, a hex or own
@@ -382,10 +383,9 @@ def plan_to_json(stages: list[Stage]) -> list[dict]:
 
 def plan_report(files: list[Path], given: dict[str, Path], throughput: Path | None = None
                 ) -> tuple[str, list[Stage]]:
-    """The plan of the config files (layered and checked as the workflow
-    does), with the detection floors at the config's n, as printed; and its
-    stages.  `given`: MODEL -> config.json of a checkpoint not on this
-    machine."""
+    """The plan of the config files (layered and checked as the workflow does), with the detection floors
+    at the config's n and the one-run audit's cap, as printed; and its stages.  `given`: MODEL ->
+    config.json of a checkpoint not on this machine."""
     from canary_audit.design.config_files import load_config
     from canary_audit.verdicts import components, floors
 
@@ -395,5 +395,6 @@ def plan_report(files: list[Path], given: dict[str, Path], throughput: Path | No
     speed = load_throughput(throughput or THROUGHPUT)
     stages = plan(design, shapes, speed)
     text = (render(stages, speed) + "\n\n" + floors.render(floors.load(), config["data"]["n_hex_canaries"])
-            + "\n\n" + components.render(components.load(), len(config["audit"]["seeds"]), config["data"]["n_authors"]))
+            + "\n\n" + components.render(components.load(), len(config["audit"]["seeds"]), config["data"]["n_authors"])
+            + "\n\n" + render_caps())
     return text, stages

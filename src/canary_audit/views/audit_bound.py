@@ -67,6 +67,22 @@ def candidates_for(epsilon: float, beta: float = 0.05) -> int:
     return hi
 
 
+CAP_CANDIDATES = (20, 40, 100, 200, 500, 1000, 2000)
+CAP_EPSILONS = (1.0, 2.0, 4.0, 6.0)
+
+
+def render_caps(beta: float = 0.05) -> str:
+    """The cap table `plan` prints: what a one-run audit over r candidates
+    can certify at best, and the candidates a stated epsilon needs."""
+    caps = " | ".join(f"{cap(r, beta):.2f}" for r in CAP_CANDIDATES)
+    needs = "; ".join(f"epsilon {e:g} needs {candidates_for(e, beta):,}" for e in CAP_EPSILONS)
+    return (f"One-run audit bound (Steinke, Nasr and Jagielski 2023; docs/measures.md): its cap at "
+            f"{1 - beta:.0%} confidence, every guess right (the best case: a real attack certifies less)\n\n"
+            f"| candidates | {' | '.join(f'{r:,}' for r in CAP_CANDIDATES)} |\n"
+            f"|---|{'---|' * len(CAP_CANDIDATES)}\n| epsilon at most | {caps} |\n\n"
+            f"Candidates, all guessed right: {needs}.")
+
+
 @dataclass(frozen=True)
 class Guesses:
     """The abstaining guesser's reading at (k+, k-): its guesses and the
