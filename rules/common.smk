@@ -131,9 +131,8 @@ def command_via_file(name, *args):
     128 KiB and a results config's view config is larger (145 KB for
     configs/seeds.yaml); a builtin is not exec'd, so the slice arrives whole."""
     handed = "{log}.params.json"
-    return f"printf '%s' {{params.cfg:q}} > {handed} && " + command(
-        name, f"--params @{handed}", *args
-    )
+    write = f"printf '%s' {{params.cfg:q}} > {handed}"
+    return " && ".join((write, command(name, f"--params @{handed}", *args)))
 
 
 def data_dir(wildcards, input):

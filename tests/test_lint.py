@@ -23,3 +23,10 @@ def test_ruff_is_clean():
 def test_snakefmt_leaves_the_rules_unchanged():
     done = _run("snakefmt", "--check", "Snakefile", "rules/")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_snakemake_lint_is_clean():
+    """.ci/run lints the workflow too (`snakemake --lint`, which exits 1 on
+    any lint): a '+' that composes a shell line reads to it as a path."""
+    done = _run("snakemake", "--lint", "--configfile", "workflow_config.yaml", "configs/smoke.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
