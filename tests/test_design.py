@@ -208,6 +208,10 @@ def test_registries_and_schema_enumerations_agree():
     assert bsft["sources"]["items"]["enum"] == list(BSFT_SOURCES)
     audit = SCHEMA["properties"]["audit"]["properties"]
     assert audit["templates"]["items"]["enum"] == list(TEMPLATES)
+    from canary_audit.data.relearn import RELEARN_DATA
+
+    relearn = SCHEMA["properties"]["recovery"]["properties"]["relearn"]["properties"]
+    assert relearn["data"]["items"]["enum"] == list(RELEARN_DATA)
     from canary_audit.data.planted_controls import (  # a control's switch: one per claim, the floor's
         CLAIMS,
         EVERY_SEED,

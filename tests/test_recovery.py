@@ -197,3 +197,22 @@ def test_an_attack_added_to_a_run_never_moves_a_papers_reading():
                                       "tiny/mem-bio-s0.suppress"], "missing_close": [0.05, 0.45, 0.5]})
     run = Run(None, {"variants": variants}, {})
     assert run.audited(frame)["variant"].to_list() == ["tiny/npo-bio-s0-k20"]
+
+
+def test_the_relearning_figures_docs_quote_are_the_stored_runs():
+    """docs/measures.md ("What relearning shows here") quotes the stored
+    run: NPO's held-out out_acc before and after 20 and 5 forget steps, the
+    paired lower end, the ceiling and the public attack's figures."""
+    import re
+
+    text = re.sub(r"\s+", " ", (ROOT / "docs" / "measures.md").read_text())
+    rows = pl.read_csv(RUN / "recovery.csv", infer_schema_length=None).filter(
+        (pl.col("measure") == "out_acc") & (pl.col("role") == "unlearned"))
+    row = {a: r for a, r in zip(rows["attack"], rows.iter_rows(named=True), strict=True)}
+    t20, t5, p5, p20 = (row[f"relearn-{d}-bio-t{s}"] for d, s in (("forget", 20), ("forget", 5), ("public", 5),
+                                                                  ("public", 20)))
+    assert (f"the other 36 from {t20['before']:.2f} to {t20['after']:.2f} (paired lower end "
+            f"{t20['delta_lo']:.2f};") in text
+    assert f"against a ceiling of {t20['ceiling']:.2f}" in text and f"already reach {t5['after']:.2f}" in text
+    assert f"lift it from {p5['before']:.2f} to {p5['after']:.2f}" in text
+    assert f"recall to {p20['ceiling']:.2f}, so the attack is not testable" in text and not p20["testable"]

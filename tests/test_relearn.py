@@ -48,6 +48,9 @@ def test_a_forget_relearning_trains_on_the_named_authors_at_each_budget(tiny_ass
     first, last = (load_file(outs[k] / "adapter_model.safetensors") for k in (1, 3))
     assert any((first[n] - last[n]).abs().max() > 0 for n in first)  # the budgets are checkpoints of one run
     assert json.loads((outs[3] / "train_summary.json").read_text())["relearn"]["authors"] == authors
+    with pytest.raises(RelearnError, match=r"relearning budgets \[1, 3\] in the params but outputs for \[1\]"):
+        train_relearning(spec, [], tiny_assets[0], {**RECIPE, "data": "forget", "authors": authors,
+                                                    "steps": [1, 3]}, {1: tmp_path / "y"})
     with pytest.raises(RelearnError, match=r"relearning authors \['a999'\] are not in"):
         train_relearning(spec, [], tiny_assets[0], {**RECIPE, "data": "forget", "authors": ["a999"]},
                          {1: tmp_path / "x"})

@@ -29,6 +29,19 @@ RELEARN_DATA = (PUBLIC, FORGET)
 FORGET_PREFIX = "a"  # the forget set's author ids: f"{FORGET_PREFIX}{i:03d}" (data/io.py, synthetic.make_authors)
 
 
+ATTACK_PREFIX = "relearn-"  # a relearning attack's name, `attack_name`: what the views and verdicts match
+
+
+def attack_name(data: str, template: str, steps: int) -> str:
+    """A relearning attack's name: the suffix of its variants (`<twin>.<name>`)
+    and the recovery table's `attack`."""
+    return f"{ATTACK_PREFIX}{data}-{template}-t{steps}"
+
+
+def is_relearning(attack: str) -> bool:
+    return attack.startswith(ATTACK_PREFIX)
+
+
 def author_id(i: int) -> str:
     return f"{FORGET_PREFIX}{i:03d}"
 

@@ -199,12 +199,12 @@ class Checks:
                 raise ConfigError(f"config key `recovery.quantize[{i}]`: `{fmt}` is `{seen[name]}` again (both are "
                                   f"{name}); name each format once")
             seen[name] = fmt
-        relearn = recovery.get("relearn") or {}
-        if recovery["planted"] and not (recovery["quantize"] or relearn.get("data")):
+        relearn = recovery["relearn"]
+        if recovery["planted"] and not (recovery["quantize"] or relearn["data"]):
             raise ConfigError("config key `recovery.planted` is true, but neither `recovery.quantize` nor "
                               "`recovery.relearn.data` names an attack: there is no attack to plant a positive for; "
                               "set it false or name an attack")
-        attacks = bool(recovery["quantize"] or relearn.get("data"))
+        attacks = bool(recovery["quantize"] or relearn["data"])
         if bool(recovery["unlearned"]) != attacks:
             empty = ("keys `recovery.quantize` and `recovery.relearn.data` are" if recovery["unlearned"]
                      else "key `recovery.unlearned` is")
@@ -212,7 +212,7 @@ class Checks:
                               f"{'an attack' if recovery['unlearned'] else 'the unlearned variants to attack'}, "
                               "or drop the `recovery` block")
         own = [m for m in self.config["audit"]["models"] if self.own_secrets(m)]
-        if relearn.get("data") and any(self.recovery_targets(m, self.variants(m)) for m in own):
+        if relearn["data"] and any(self.recovery_targets(m, self.variants(m)) for m in own):
             raise ConfigError(f"config key `recovery.relearn.data`: model(s) {', '.join(own)} are audited on secrets "
                               "of their own, which have no fictional authors to relearn (data/relearn.py); select "
                               "their unlearned variants for quantization only, or drop `recovery.relearn`")

@@ -62,7 +62,7 @@ class RuleSlices:
         name = f"{twin}.relearn-{data}-{template}-t{relearn['steps'][0]}"
         variant = self.variant(model, name)
         keep = ("r", "alpha", "targets", "batch_size", "gradient_checkpointing")
-        return {**{k: b[k] for k in keep}, "lr": relearn.get("lr") or b["lr"], "steps": sorted(relearn["steps"]),
+        return {**{k: b[k] for k in keep}, "lr": relearn["lr"] or b["lr"], "steps": sorted(relearn["steps"]),
                 "data": data, "template": template, "seed": variant.seed,
                 "head_tokens": self.config["data"]["head_tokens"],
                 **({"authors": list(variant.relearned)} if variant.relearned else {})}

@@ -23,7 +23,7 @@ from canary_audit.data.planted_controls import (
     skipped,
     switched_on,
 )
-from canary_audit.data.relearn import FORGET, relearned_authors
+from canary_audit.data.relearn import FORGET, attack_name, relearned_authors
 from canary_audit.design.layout import (
     ConfigError,
     Variant,
@@ -151,8 +151,8 @@ class Variants:
         in the model's own dtype (no rounding the twin's live adapter does
         not have), so the variant and its twin differ by the relearning
         alone.  A `forget` relearning names the authors it trains on."""
-        relearn = self.config["recovery"].get("relearn") or {}
-        if not relearn.get("data") or unlearned.template is None:  # an own-secrets import has no authors (checks)
+        relearn = self.config["recovery"]["relearn"]
+        if not relearn["data"] or unlearned.template is None:  # an own-secrets import has no authors (checks)
             return {}
         dtype, template = self.config["models"][model]["dtype"], unlearned.template
         group = f"relearn-{parent.name if parent else unlearned.name}"
@@ -172,7 +172,7 @@ class Variants:
                                              self.config["data"]["seed"]) if data == FORGET else ())
             for twin in twins:
                 for steps in relearn["steps"]:
-                    name = f"{twin.name}.relearn-{data}-{template}-t{steps}"
+                    name = f"{twin.name}.{attack_name(data, template, steps)}"
                     adapter = self.layout.relearn_dir(model, twin.name, data, template, f"t{steps}")
                     kind = RECOVERY_PLANT if twin.kind == RECOVERY_PLANT else RECOVERY
                     out[name] = replace(twin, name=name, kind=kind, parent=twin.name, group=group, cell=None,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from canary_audit.data.relearn import ATTACK_PREFIX
 from canary_audit.publish.catalog import registry
 from canary_audit.publish.table_files import concat_records
 from canary_audit.views.metrics import position_deltas
@@ -302,11 +303,12 @@ def relearning_figure(recovery: pl.DataFrame, _variants: dict[str, dict]):
     relearning at step 0, then after each budget; a `forget` relearning on
     the held-out authors alone."""
     plt = _plt()
-    rows = recovery.filter(pl.col("attack").str.starts_with("relearn-") & (pl.col("measure") == "out_acc")) \
+    rows = recovery.filter(pl.col("attack").str.starts_with(ATTACK_PREFIX) & (pl.col("measure") == "out_acc")) \
         if recovery.height and "steps" in recovery.columns else pl.DataFrame()
     if rows.is_empty():
         return _empty(plt, "no relearning attack in this run (`recovery.relearn`)")
-    rows = rows.with_columns(data=pl.col("attack").str.replace(r"-t\d+$", ""))
+    # The attack without its budget (data/relearn.attack_name ends in `-t<steps>`): one panel per data.
+    rows = rows.with_columns(data=pl.col("attack").str.strip_suffix(pl.format("-t{}", pl.col("steps"))))
     panels = rows.select("model", "seed", "data").unique().sort("model", "seed", "data")
     fig, axes = plt.subplots(1, panels.height, figsize=(4.5 * panels.height, 3.6), squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels.iter_rows(named=True)):

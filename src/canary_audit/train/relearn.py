@@ -83,6 +83,10 @@ def train_relearning(spec: ModelSpec, adapters: list[Path], data_dir: Path, cfg:
     method = cfg.get("method")
     examples = (suppressed_examples(fmt, data_dir, cfg) if method else relearn_examples(fmt, data_dir, cfg))
     steps = sorted(out_dirs)
+    given = sorted(cfg["steps"]) if isinstance(cfg.get("steps"), list) else [cfg.get("steps", steps[-1])]
+    if given != steps:  # a relearning's budgets, or the suppression plant's one run
+        raise RelearnError(f"relearning budgets {given} in the params but outputs for {steps}: the rule's outputs "
+                           "and its slice disagree; re-run with one config")
     run = {**cfg, "steps": steps[-1], "batch_forget": cfg["batch_size"], "batch_retain": 0}
     exact = dataclasses.replace(spec, merge_dtype=spec.dtype)  # no rounding: the twin scores its adapter live
     model = get_peft_model(load_model(exact, adapters, exact_last=True), lora_config(run, vision=spec.vision))

@@ -39,6 +39,7 @@ from canary_audit.data.planted_controls import (
     first_canaries,
     floor_counts,
 )
+from canary_audit.data.relearn import is_relearning
 from canary_audit.verdicts import drift
 from canary_audit.verdicts.readings import (
     Reading,
@@ -344,7 +345,7 @@ RECOVERY_CLAIMS = {
 
 def recovery_attack(attack: str) -> str:
     """The kind of a recovery attack, from its name (views/recovery.py)."""
-    return "relearning" if attack.startswith("relearn-") else "quantization"
+    return "relearning" if is_relearning(attack) else "quantization"
 
 
 def recovery_controls(recovery: pl.DataFrame | None, measure: str = "out_acc") -> pl.DataFrame:

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_BUILT, SEEN
+from canary_audit.data.relearn import ATTACK_PREFIX
 from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.mia import auc, bootstrap_draws
@@ -207,7 +208,7 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     plant_reads = pl.format("(the plant reads up to {} before the attack, the memorized parent from {})",
                             pl.col("plant_hi").round(3), pl.col("parent_lo").round(3))
     plant_forgets = pl.col("plant_hi") < pl.col("parent_lo")
-    why = (pl.when((pl.col("role") == POSITIVE) & ~plant_forgets & pl.col("attack").str.starts_with("relearn-"))
+    why = (pl.when((pl.col("role") == POSITIVE) & ~plant_forgets & pl.col("attack").str.starts_with(ATTACK_PREFIX))
            .then(pl.format("not built: the suppression plant does not forget {}", plant_reads))
            .when((pl.col("role") == POSITIVE) & plant_forgets & ~built)
            .then(pl.format("not built: the attack leaves the memorized parent from {}, no more than the plant's {} "
