@@ -407,8 +407,11 @@ def test_the_passes_write_exactly_the_registered_probe_sets(tiny_assets, tiny_vl
     written = {it.probe_set for it in decode_items(fmt, tiny_assets[0], cfg)} | {
         it.probe_set for it in scored_items(fmt, tiny_assets[0], cfg)}
     # A text model writes every probe set of the registry but the unseen-image
-    # decoy, which only a vision-language model's image canaries have.
-    assert written == {s for kind in probe_kinds() for s in kind.sets} - {"decoy_unseen"}
+    # decoy, which only a vision-language model's image canaries have, and the
+    # sampled author canaries, which are off by default (k = 0) ...
+    assert written == {s for kind in probe_kinds() for s in kind.sets} - {"decoy_unseen", "canary_sampled"}
+    on = {**cfg, "kinds": resolved_settings({"canary_sampled": {"k": 2}})}  # ... and written once on
+    assert "canary_sampled" in {it.probe_set for it in decode_items(fmt, tiny_assets[0], on)}
     vl = ModelSpec("tiny_vl", tiny_vl_assets[1], vision=True)
     tok = load_tokenizer(vl)
     vision = VisionInputs.load(vl.path, tok)

@@ -78,6 +78,10 @@ PROBE_SETS = {
     "candidate": ("hex_candidate",),
     "author_nonmember": ("author_nonmember",),
 }
+# The authors' canaries decoded by sampling alone (probes/kinds/canary_sampled.py,
+# opt-in): k records per canary under the AUTO arm, `sample` 0..k-1.  Named
+# here because paper A's views read them (hit@k beside the greedy hit@1).
+SAMPLED_CANARY = "canary_sampled"
 HEX_SETS = PROBE_SETS["hex"]
 NONMEMBER = PROBE_SETS["nonmember"][0]
 CANDIDATE = PROBE_SETS["candidate"][0]

@@ -27,7 +27,7 @@ from canary_audit.model.loading import VariantModels, fingerprint, load_tokenize
 from canary_audit.model.spec import ModelSpec
 from canary_audit.model.vision import load_vision
 from canary_audit.probes.items import decode_items, scored_items
-from canary_audit.probes.kinds import DecodeItem, kind_of_set
+from canary_audit.probes.kinds import DecodeItem, kind_named, kind_of_set
 from canary_audit.probes.scoring import length_sorted_batches, prepare_scoring, score_prepared
 from canary_audit.probes.units import unit_hashes
 
@@ -206,21 +206,32 @@ def _decode(model, tok, items: list[DecodeItem], cfg: dict, vision=None) -> list
     decoded = []
     continuous = cfg["engine"] == "continuous"
     greedy = greedy_continuous if continuous else generate_greedy
+    sample = sampled_continuous if continuous else sample_continuations
     kinds = {item.probe_set: kind_of_set(item.probe_set) for item in items}
     # One call per decode batch of the registry (paper A's author probes
-    # share one), each under its kind's budget.
-    for batch in dict.fromkeys(kind.decode_batch for kind in kinds.values()):
+    # share one), each under its kind's budget; a kind decoded by sampling
+    # alone gets its own call, under its own settings.
+    for batch in dict.fromkeys(kind.decode_batch for kind in kinds.values() if kind.sampling is None):
         part = [it for it in items if kinds[it.probe_set].decode_batch == batch]
         budget = cfg.get(kinds[part[0].probe_set].budget, cfg["max_new_tokens"])
         outs, enc = greedy(model, tok, [it.prompt for it in part], budget, cfg["batch_size"],
                            images=[it.image for it in part], vision=vision)
         decoded += [(it, it.arm, 0, out, ids) for it, out, ids in zip(part, outs, enc)]
     log.info("decode: %d items in %.1fs", len(items), time.perf_counter() - t0)
+    for name in dict.fromkeys(kind.name for kind in kinds.values() if kind.sampling is not None):
+        kind = kind_named(name)
+        part = [it for it in items if kinds[it.probe_set].name == name]
+        k, temperature, seed = kind.sampling(cfg["kinds"][kind.name])
+        t0 = time.perf_counter()
+        samples = sample(model, tok, [it.prompt for it in part], k, cfg[kind.budget], temperature, seed,
+                         cfg["batch_size"], images=[it.image for it in part], vision=vision)
+        log.info("%s: %d sampled decodes in %.1fs", kind.name, k * len(part), time.perf_counter() - t0)
+        decoded += [(it, it.arm, j, out, tok(it.prompt, add_special_tokens=False)["input_ids"])
+                    for it, outs_k in zip(part, samples) for j, out in enumerate(outs_k)]
     k = cfg.get("hit_k", 0)
     if k:
         hexes = [(it, ids) for it, _, _, _, ids in decoded if kinds[it.probe_set].sampled]
         t0 = time.perf_counter()
-        sample = sampled_continuous if continuous else sample_continuations
         samples = sample(model, tok, [it.prompt for it, _ in hexes], k, hex_max, cfg["temperature"],
                          cfg["sample_seed"], cfg["batch_size"], images=[it.image for it, _ in hexes], vision=vision)
         log.info("hit@%d: %d sampled decodes in %.1fs", k, k * len(hexes), time.perf_counter() - t0)

@@ -72,6 +72,9 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
            "canary_leakage", "out_acc", rows={"arm": "auto"}, pooled="out_acc", scale=RATE),
     _value("thk_leak", "trace leakage: the share of canaries the parsed trace contains (canary_leakage)",
            "canary_leakage", "thk_leak", rows={"arm": "auto"}, pooled="thk_leak", scale=RATE),
+    _value("author_hitk", "hit@k on the authors' canaries: one of k sampled AUTO decodes' answers holds the canary "
+           "(canary_sampled; probes.kinds.canary_sampled.k > 0)", "canary_sampled", "hit_at_k", pooled="hit_at_k",
+           scale=RATE),
     _value("bypass_gap", "thk_leak - out_acc (canary_leakage)", "canary_leakage", "gap", rows={"arm": "auto"},
            pooled="gap", control="bypass_gap", scale=DIFFERENCE),
     _value("delta_ab", "out_acc(AUTO) - out_acc(prefill contrast) at fixed weights (prefill_arms)", "prefill_arms",

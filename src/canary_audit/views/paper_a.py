@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from canary_audit.core.records import SAMPLED_CANARY
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import contains_gold_ci, contains_reference, per_item_nll
 from canary_audit.views.parser import MISSING_CLOSE, SPLITS, ParserConvention, parse
@@ -54,6 +55,26 @@ def canary_outcomes(decode: pl.DataFrame, convention: ParserConvention) -> pl.Da
     """One row per canary decode: parsed channels and the two hit indicators."""
     parsed = parse(decode.filter(pl.col("probe_set") == "canary"), convention)
     return parsed.with_columns(out_hit=contains_reference("answer"), thk_hit=contains_reference("trace"))
+
+
+def sampled_outcomes(decode: pl.DataFrame, convention: ParserConvention) -> pl.DataFrame:
+    """One row per (variant, author) with sampled canary decodes
+    (probes/kinds/canary_sampled.py): `k` samples, `hit_at_k` (one
+    sample's answer holds the canary), `thk_at_k` (one sample's trace
+    does) and `sampled_share` (the share of samples whose answer does),
+    as floats.  Empty without such records."""
+    frame = decode.filter(pl.col("probe_set") == SAMPLED_CANARY) if decode.height else decode
+    schema = {"variant": pl.Utf8, "group_id": pl.Utf8, "k": pl.UInt32,
+              **dict.fromkeys(("hit_at_k", "thk_at_k", "sampled_share"), pl.Float64)}
+    if not frame.height:
+        return pl.DataFrame(schema=schema)
+    parsed = parse(frame, convention).with_columns(out_hit=contains_reference("answer"),
+                                                    thk_hit=contains_reference("trace"))
+    return parsed.group_by("variant", "group_id").agg(
+        k=pl.len(), hit_at_k=pl.col("out_hit").any().cast(pl.Float64),
+        thk_at_k=pl.col("thk_hit").any().cast(pl.Float64),
+        sampled_share=pl.col("out_hit").cast(pl.Float64).mean(),
+    ).select([pl.col(c).cast(t) for c, t in schema.items()]).sort("variant", "group_id")
 
 
 def _leak_rates(frame: pl.DataFrame) -> pl.DataFrame:

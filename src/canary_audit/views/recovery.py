@@ -29,7 +29,9 @@ from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.mia import auc, bootstrap_draws
 from canary_audit.views.paper_a import Bootstrap
 
-MEASURED = ("out_acc", "thk_leak", "tf_top1_rate")  # item_cells' columns: AUTO arm, teacher-forced top-1
+# item_cells' columns: the AUTO arm's greedy answer (hit@1) and trace,
+# teacher-forced top-1, and hit@k where the authors' canaries were sampled.
+MEASURED = ("out_acc", "thk_leak", "tf_top1_rate", "hit_at_k")
 MIA_MEASURE = "mia_auc_loss"  # the LOSS attack's AUC, author canaries against non-member authors (views/mia.py)
 # A row's role: the attacked twin's kind (the unlearned checkpoint, its
 # memorized parent: the ceiling, its reference: the negative), or a
@@ -159,8 +161,8 @@ def recovery_table(cells: pl.DataFrame, utility: pl.DataFrame | None, variants: 
     ends = rows.filter(pl.col("role").is_in(["memorized", "reference"])).select(
         "twin", "attack", "measure", *(f"after{e}" for e in ("", "_lo", "_hi")))
     rows = rows.with_columns(
-        parent_twin=pl.col("twin").replace_strict(parent_of, default=None),
-        reference_twin=pl.col("twin").replace_strict(reference_of, default=None))
+        parent_twin=pl.col("twin").replace_strict(parent_of, default=None, return_dtype=pl.Utf8),
+        reference_twin=pl.col("twin").replace_strict(reference_of, default=None, return_dtype=pl.Utf8))
     for side, key in (("ceiling", "parent_twin"), ("negative", "reference_twin")):
         rows = rows.join(ends.rename({"twin": key, **{f"after{e}": f"{side}{e}" for e in ("", "_lo", "_hi")}}),
                          on=[key, "attack", "measure"], how="left")

@@ -22,7 +22,7 @@ import polars as pl
 from canary_audit.model.quantize import RECOVERY, RECOVERY_PLANT
 from canary_audit.views.bootstrap import rates_with_ci
 from canary_audit.views.metrics import per_item_nll
-from canary_audit.views.paper_a import AUTO, Bootstrap, _leak_rates, canary_outcomes
+from canary_audit.views.paper_a import AUTO, Bootstrap, _leak_rates, canary_outcomes, sampled_outcomes
 from canary_audit.views.parser import ParserConvention
 
 TABLE = "across_seeds"
@@ -86,7 +86,7 @@ def across_seeds(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str,
 
 
 CELLS_TABLE = "item_cells"
-CELL_COLUMNS = ("out_acc", "thk_leak", "gap", "delta_ab", "tf_top1_rate")
+CELL_COLUMNS = ("out_acc", "thk_leak", "gap", "delta_ab", "tf_top1_rate", "hit_at_k")  # item_cells' columns
 
 
 def item_cells(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str, dict], convention: ParserConvention,
@@ -97,8 +97,9 @@ def item_cells(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str, d
     each seeded variant (memorized, unlearned, reference; one seed or
     several), `family` and `seed` beside it.  `column` names the column of
     the per-variant tables it pools into: out_acc, thk_leak, gap (AUTO
-    arm), delta_ab (AUTO minus prefill `contrast`) and tf_top1_rate
-    (teacher-forced top-1 under that prefill).  An item is an author: its
+    arm), delta_ab (AUTO minus prefill `contrast`), tf_top1_rate
+    (teacher-forced top-1 under that prefill) and, where the authors'
+    canaries were sampled, hit_at_k (canary_sampled's).  An item is an author: its
     canaries are not independent, so the author is the unit."""
     seeded = {name: v for name, v in variants.items() if v.get("kind") in SEEDED_KINDS and v.get("seed") is not None}
     if not seeded or decode.is_empty():
@@ -127,6 +128,9 @@ def item_cells(decode: pl.DataFrame, tokens: pl.DataFrame, variants: dict[str, d
         top1 = per_item_nll(scored, window_k).group_by(keys).agg(
             n=pl.len(), value=pl.col("top1_rate").cast(pl.Float64).mean()).with_columns(column=pl.lit("tf_top1_rate"))
         frames.append(top1.select(*keys, "n", "column", "value"))
+    sampled = sampled_outcomes(decode.filter(pl.col("variant").is_in(names)), convention)
+    if sampled.height:  # hit@k over the k samples of each author's canary (AUTO prompt)
+        frames.append(sampled.select(*keys, n=pl.col("k"), column=pl.lit("hit_at_k"), value="hit_at_k"))
     cells = pl.concat([f.select(*keys, pl.col("n").cast(pl.Int64), "column", "value") for f in frames])
     seed_of = {name: v["seed"] for name, v in seeded.items()}
     family = {name: family_of(name, v["seed"]) for name, v in seeded.items()}

@@ -91,8 +91,12 @@ class ProbeKind:
     """One kind of probe.  `record_sets`: the `probe_set` values its records
     carry (default: its name).  `budget`: the decode setting that bounds its
     generations; `sampled`: whether its greedy decodes also get hit@k
-    samples; `batch`: kinds of one batch name decode in one call (default:
-    each its own).  `settings`: its own settings and their defaults, set per
+    samples (the decode config's `hit_k`, the hex family's); `sampling`:
+    that its items are decoded by temperature sampling alone, no greedy
+    decode, with (k, temperature, seed) read from its own settings (an
+    author kind: the hex family's sampling settings are not its unit's);
+    `batch`: kinds of one batch name decode in one call (default: each its
+    own).  `settings`: its own settings and their defaults, set per
     run under `probes.kinds.<name>` and part of its unit's config hash;
     `check` refuses bad values of them before any job runs."""
 
@@ -103,6 +107,7 @@ class ProbeKind:
     record_sets: tuple[str, ...] = ()
     budget: str = "max_new_tokens"
     sampled: bool = False
+    sampling: Callable[[dict], tuple[int, float, int]] | None = None
     batch: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     check: Callable[[dict], None] | None = None  # refuses bad settings (ValueError naming the key)
@@ -119,6 +124,9 @@ class ProbeKind:
             raise ValueError(f"probe kind `{self.name}`: budget `{self.budget}` is not one of {', '.join(BUDGETS)}")
         if self.decode is None and self.scored is None:
             raise ValueError(f"probe kind `{self.name}` builds no items: give it `decode`, `scored` or both")
+        if self.sampling is not None and (self.sampled or self.decode is None):
+            raise ValueError(f"probe kind `{self.name}`: `sampling` samples its own decode items; it takes a "
+                             "`decode` builder and no `sampled` (the hex family's hit@k)")
 
     @property
     def sets(self) -> tuple[str, ...]:
