@@ -216,3 +216,35 @@ def test_the_relearning_figures_docs_quote_are_the_stored_runs():
     assert f"against a ceiling of {t20['ceiling']:.2f}" in text and f"already reach {t5['after']:.2f}" in text
     assert f"lift it from {p5['before']:.2f} to {p5['after']:.2f}" in text
     assert f"recall to {p20['ceiling']:.2f}, so the attack is not testable" in text and not p20["testable"]
+
+
+def test_a_recovery_claim_names_its_own_attacks_control():
+    """A claim on attacked variants is calibrated by its attack's planted
+    control (read on out_acc): the rows of that format, or that relearning
+    data and budget, and no other's."""
+    from canary_audit.verdicts.claims import Claim
+    from canary_audit.verdicts.judge import _control
+    from canary_audit.verdicts.measures import MEASURES
+    from canary_audit.verdicts.papers import planted
+    from canary_audit.verdicts.readings import Run
+
+    def row(claim: str, positive: str, verdict: str) -> dict:
+        return {"model": "tiny", "seed": 0, "modality": "text", "claim": claim, "positive": positive,
+                "positive_verdict": verdict, "negative": "tiny/reference-meta-s0.x", "negative_verdict": CLEAN}
+
+    controls = pl.DataFrame([row("quantization_recovery", "tiny/npo-bio-s0-k20.clip-int4-row.int4-row", SEEN),
+                             row("quantization_recovery", "tiny/npo-bio-s0-k20.clip-int8-row.int8-row", NOT_BUILT),
+                             row("relearning_recovery", "tiny/mem-bio-s0.suppress.relearn-forget-bio-t20", SEEN),
+                             row("relearning_recovery", "tiny/mem-bio-s0.suppress.relearn-public-bio-t5", MISSED)])
+    run = Run(None, {"variants": {}}, frames={"controls": controls})
+
+    def reads(variants: dict, measure: str = "out_acc") -> str:
+        claim = Claim(id="c", sentence="s", measure=measure, variants=variants, compare="parent", expect="higher")
+        return planted(run, *_control(claim, MEASURES[measure]))
+
+    assert reads({"quantize": "int4-row"}) == f"planted: {SEEN}; negative: {CLEAN}"
+    assert reads({"quantize": "int8-row"}) == f"planted: {NOT_BUILT}; negative: {CLEAN}"
+    assert reads({"relearn": "forget", "relearn_steps": 20}) == f"planted: {SEEN}; negative: {CLEAN}"
+    assert reads({"relearn": "public"}) == f"planted: {MISSED}; negative: {CLEAN}"
+    assert reads({"relearn": "forget", "relearn_steps": 5}) == "no control in this run"
+    assert reads({"quantize": "int4-row"}, "tf_top1") == "no control for this measure"  # built on out_acc only

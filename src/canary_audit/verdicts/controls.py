@@ -13,6 +13,7 @@ than its claim, so it calibrates nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 
@@ -39,7 +40,7 @@ from canary_audit.data.planted_controls import (
     first_canaries,
     floor_counts,
 )
-from canary_audit.data.relearn import is_relearning
+from canary_audit.data.relearn import attack_name, is_relearning
 from canary_audit.verdicts import drift
 from canary_audit.verdicts.readings import (
     Reading,
@@ -343,12 +344,29 @@ RECOVERY_CLAIMS = {
 }
 
 
+def attack_control(selector: dict) -> tuple[str, str] | None:
+    """The planted control of a claim on attacked variants (its selector
+    names `quantize` or `relearn`) and a pattern its positive's name
+    matches (the same attack: format, or data and budget); None for any
+    other claim."""
+    if selector.get("quantize"):
+        return RECOVERY_CLAIMS["quantization"][0], rf"\.{re.escape(str(selector['quantize']))}$"
+    if selector.get("relearn"):
+        steps = selector.get("relearn_steps")
+        stem = attack_name(re.escape(str(selector["relearn"])), "[^.]+", 0).removesuffix("0")  # any template
+        return RECOVERY_CLAIMS["relearning"][0], rf"\.{stem}{steps if steps else '[0-9]+'}$"
+    return None
+
+
 def recovery_attack(attack: str) -> str:
     """The kind of a recovery attack, from its name (views/recovery.py)."""
     return "relearning" if is_relearning(attack) else "quantization"
 
 
-def recovery_controls(recovery: pl.DataFrame | None, measure: str = "out_acc") -> pl.DataFrame:
+RECOVERY_CONTROL_MEASURE = "out_acc"  # the measure the attacks' positives are built and read on
+
+
+def recovery_controls(recovery: pl.DataFrame | None, measure: str = RECOVERY_CONTROL_MEASURE) -> pl.DataFrame:
     """The recovery attacks' planted controls as rows of the controls
     table, read from the recovery table (views/recovery.py) on `measure`:
     per positive (a clipped plant quantized, a suppression plant relearned),

@@ -44,6 +44,7 @@ from canary_audit.verdicts.claims import (
     parse,
     select,
 )
+from canary_audit.verdicts.controls import RECOVERY_CONTROL_MEASURE, attack_control
 from canary_audit.verdicts.decision import (
     ALPHA,
     CONTRADICTED,
@@ -251,6 +252,16 @@ def small_telescopes(claim: Claim, found: Evidence) -> str:
                "does not exclude it"))
 
 
+def _control(claim: Claim, measure: Measure) -> tuple[str | None, str | None]:
+    """The planted control that calibrates a claim, and the pattern of its
+    positive's name: on attacked variants the attack's own control, read on
+    out_acc only (controls.recovery_controls); else the measure's."""
+    attack = attack_control(claim.variants)
+    if attack is None:
+        return measure.control, None
+    return attack if measure.name == RECOVERY_CONTROL_MEASURE else (None, None)
+
+
 def decide_family(pendings: list[Pending], family: str) -> list[tuple[Decision | None, float | None]]:
     """Each claim's decision, Holm-adjusted within the family, flagged
     borderline within its measure's margin (drift.py)."""
@@ -340,7 +351,7 @@ def claims_table(run: Run, claims: list[Claim], family: str = "this claim file")
         paper = claim.paper or {}
         row.update({"id": claim.id, "claim": claim.sentence, "measure": claim.measure,
                     "variants": ", ".join(f"{k}={v}" for k, v in claim.variants.items()) or "all",
-                    "planted": planted(run, measure.control), "paper": paper.get("name", ""),
+                    "planted": planted(run, *_control(claim, measure)), "paper": paper.get("name", ""),
                     "paper_value": paper.get("text", ""), "where": paper.get("where", "")})
         rows.append({c: row.get(c) for c in COLUMNS})
     return pl.DataFrame(rows, schema_overrides=SCHEMA) if rows else pl.DataFrame()

@@ -1,7 +1,6 @@
 """The papers' composite readings: each reads the variants a claim selects
-(verdicts/judge.py; the shipped claim files verdicts/paper_a.yaml and
-paper_b.yaml) from a run's tables into this run's value with its CI and a
-verdict:
+(verdicts/judge.py; the shipped claim files verdicts/paper_a.yaml and paper_b.yaml) from a run's
+tables into this run's value with its CI and a verdict:
 
 - `same direction`: the run shows the paper's effect, its CI on the paper's
   side (effect sizes are not compared: a tiny CPU model is not a 7B one);
@@ -340,20 +339,21 @@ def case_span_drift_merged(run: Run, names: list[str], selector: dict) -> Ours:
                 against=not gone)
 
 
-def planted(run: Run, control: str | None) -> str:
+def planted(run: Run, control: str | None, positive: str | None = None) -> str:
     """What the run's planted control `control` (controls.CLAIMS key) read
     (controls table): "planted: seen / missed; negative: clean / false
-    alarm", per model where several ran one; "no control" where none
-    calibrates the measure or the run built none."""
+    alarm", per model where several ran one; "no control" where none calibrates the measure or the run
+    built none.  `positive`: a pattern the positive's name must match (a recovery attack's own rows)."""
     if control is None:
         return "no control for this measure"
     controls = run.table("controls")
-    rows = controls.filter(pl.col("claim") == control) if controls is not None else None
+    rows = controls.filter((pl.col("claim") == control) & pl.col("positive").str.contains(positive or "")
+                           ) if controls is not None else None
     if rows is None or rows.is_empty():
         return "no control in this run"
     # A paper B model whose plants the run left out is named, not covered by another's.
     uncalibrated = sorted({v["model"] for v in run.variants.values() if v.get("kind") == "bsft"}
-                          - set(rows["model"])) if CLAIMS[control].paper == "B" else []
+                          - set(rows["model"])) if control in CLAIMS and CLAIMS[control].paper == "B" else []
     # A side per model and canary modality, named where several read one
     # (a controls table written before `modality` was a column names models only).
     keys = [k for k in ("model", "seed", "modality") if k in rows.columns and rows[k].n_unique() > 1]

@@ -18,10 +18,12 @@ with author-clustered CIs.  The recovery table and the registry's
 `author_hitk` read the same per-author hit@k (views/seeds.item_cells).
 
 The defaults: k = 8 in the configs that turn it on (paper B's hit@k uses
-k >= 4); temperature 0.6, the sampling temperature DeepSeek-R1's model card
-recommends for its reasoning models (paper A's family), a higher one than
-the hex canaries' 0.3 because an attacker sampling a reasoning model runs
-it as it is served.
+k >= 4); temperature 0.1, chosen by a sweep on the embedded model
+(docs/measures.md, "Sampled decoding beside greedy"): hotter samplers miss
+the memorized parent's own canaries there, so they read the sampler, not
+the weights.  DeepSeek-R1's model card recommends 0.6 for its reasoning
+models (paper A's family): a 7B config may set it once its own memorized
+parent's hit@k shows the sampler can see at that temperature.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def check(settings: dict) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not (
             math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"config key `probes.kinds.{NAME}.temperature` is {temperature!r}: give a finite "
-                         "temperature > 0, e.g. 0.6")
+                         "temperature > 0, e.g. 0.1")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"config key `probes.kinds.{NAME}.seed` is {seed!r}: give an integer seed")
 
@@ -101,7 +103,7 @@ def build(ctx: Context) -> Built | None:
 
 
 KINDS = (
-    ProbeKind(NAME, "author", decode=items, settings={"k": 0, "temperature": 0.6, "seed": 0}, check=check,
+    ProbeKind(NAME, "author", decode=items, settings={"k": 0, "temperature": 0.1, "seed": 0}, check=check,
               sampling=sampling, decodes_per_member=lambda settings, vision: settings["k"],
               tables=(Table(NAME, "paper_a", build),)),
 )
