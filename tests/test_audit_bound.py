@@ -113,3 +113,43 @@ def test_the_cap_table_plan_prints():
     text = render_caps()
     assert "| epsilon at most | 1.82 | 2.55 | 3.49 | 4.19 | 5.11 | 5.81 | 6.50 |" in text
     assert "epsilon 4 needs 166" in text
+
+
+def _scores(variant: str, members: np.ndarray, loss: np.ndarray, rng) -> list[dict]:
+    """MIA item-score rows of one variant's author canaries under prefill_bio."""
+    other = rng.normal(size=members.size)  # the other scores: noise
+    return [{"variant": variant, "population": "author", "arm": "prefill_bio",
+             "probe_set": "canary" if m else "author_nonmember", "item_id": f"a{i:03d}", "member": bool(m),
+             "loss": float(x), "zlib": float(o), "min_k": float(-o), "min_k_pp": float(o * 0.5)}
+            for i, (m, x, o) in enumerate(zip(members, loss, other))]
+
+
+def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
+    import polars as pl
+
+    from canary_audit.views.audit_bound import ANY, bound_table, grid_of
+    from canary_audit.views.mia import ATTACKS
+
+    rng = np.random.default_rng(0)
+    members = rng.random(40) < 0.5
+    rows = (_scores("m/mem", members, members.astype(float), rng)  # LOSS separates perfectly
+            + _scores("m/ref", members, rng.normal(size=40), rng)  # nothing separates
+            + _scores("m/npo.relearn", members, members.astype(float), rng))
+    table = bound_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, skipped={"m/npo.relearn"})
+    assert set(table["variant"]) == {"m/mem", "m/ref"}
+    grid = grid_of(40, [0.25, 1.0])
+    assert grid == [(5, 5), (20, 20)]
+    level = BETA / (len(grid) * len(ATTACKS))
+    mem = {r["score"]: r for r in table.filter(pl.col("variant") == "m/mem").iter_rows(named=True)}
+    assert set(mem) == {*ATTACKS, ANY} and mem[ANY]["picked"] == "loss"
+    best, direct = mem["loss"], search_bound(members.astype(float), members, grid, BETA, tried=len(ATTACKS))
+    assert (best["k_plus"], best["guesses"], best["correct"]) == (direct.k_plus, direct.guesses, direct.correct)
+    # 16 members of 40: guessing half each way costs 4 wrong at (20, 20), so (5, 5) all right may win
+    assert best["members"] == int(members.sum()) == 16 and best["correct"] == best["guesses"] - 4 * (
+        best["guesses"] == 40)
+    assert best["beta"] == pytest.approx(level) and best["epsilon_lower"] == pytest.approx(direct.epsilon)
+    assert best["epsilon_lower"] > 0.9  # 36 of 40 right at beta / 8
+    assert best["cap"] == pytest.approx(cap(40, level)) and best["cap"] < cap(40, BETA)  # the search's price
+    assert mem[ANY]["epsilon_lower"] == max(r["epsilon_lower"] for r in mem.values())
+    ref = table.filter((pl.col("variant") == "m/ref") & (pl.col("score") == ANY)).row(0, named=True)
+    assert ref["epsilon_lower"] == 0.0

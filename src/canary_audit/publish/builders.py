@@ -11,6 +11,7 @@ from collections.abc import Callable
 import polars as pl
 
 from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
+from canary_audit.data.inclusion import COIN
 from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
 from canary_audit.verdicts.controls import (
     composed_cells,
@@ -21,6 +22,7 @@ from canary_audit.verdicts.controls import (
 )
 from canary_audit.verdicts.readings import Run
 from canary_audit.views import paper_a, paper_b
+from canary_audit.views.audit_bound import bound_table
 from canary_audit.views.blind import FOLDS, mark, withhold_privleak
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
@@ -206,6 +208,25 @@ def recovery(ctx: Context) -> Built | None:
             f"measure (the LOSS attack's AUC `{MIA_MEASURE}` under prefill_{ctx.contrast} beside the rates), with "
             f"their paired difference (`delta`); an unlearned row beside the same attack on its "
             f"memorized parent (`ceiling`) and its never-trained reference (`negative`); {ctx.ci}", table)
+
+
+def audit_bound(ctx: Context) -> Built | None:
+    """The one-run bound (views/audit_bound.py) of each variant's author
+    canaries, built only where the coins drew the forget set
+    (`data.inclusion: coin`): on a fixed split the theorem's premise, a
+    fair coin per candidate, does not hold, so no bound is given."""
+    settings = ctx.cfg.get("audit_bound")
+    if settings is None or ctx.cfg.get("inclusion") != COIN or ctx.mia is None or not ctx.tokens.height:
+        return None
+    relearned = {name for name, v in ctx.variants.items() if v.get("relearned")}
+    table = bound_table(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned)
+    if not table.height:
+        return None
+    return (f"One-run audit bound (Steinke, Nasr and Jagielski 2023): a lower bound on epsilon (delta = 0) at "
+            f"{1 - settings['beta']:.0%} confidence from guessing which author canaries were coin-included "
+            f"(the LOSS, zlib, Min-K% and Min-K%++ scores under prefill_{ctx.contrast}, the k+ highest guessed "
+            f"members and the k- lowest non-members over the grid of shares {settings['shares']}; Bonferroni over "
+            f"the grid and the scores); `cap`: every candidate guessed right", table)
 
 
 def controls(ctx: Context) -> Built | None:
