@@ -153,3 +153,45 @@ def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
     assert mem[ANY]["epsilon_lower"] == max(r["epsilon_lower"] for r in mem.values())
     ref = table.filter((pl.col("variant") == "m/ref") & (pl.col("score") == ANY)).row(0, named=True)
     assert ref["epsilon_lower"] == 0.0
+
+
+def test_claims_on_the_bound_hold_above_it_never_below_and_not_past_its_cap():
+    """`epsilon_lower` claims are judged on the bound's exact one-sided
+    interval: "at least 1" holds where the bound certifies it, "below 1.5"
+    is contradicted where it certifies more and at best inconclusive where
+    it does not (a lower bound cannot show absence), a number at or past the
+    cap is not testable, and a comparison with another variant is refused."""
+    import polars as pl
+
+    from canary_audit.verdicts.claims import parse
+    from canary_audit.verdicts.judge import claims_table
+    from canary_audit.verdicts.readings import Run
+
+    def row(variant: str, guesses: int, correct: int) -> dict:
+        level = BETA / 16
+        return {"variant": variant, "score": "any", "picked": "loss", "candidates": 40, "members": 21,
+                "guesses": guesses, "correct": correct, "tests": 16, "beta": level,
+                "epsilon_lower": epsilon_lower(guesses, correct, level), "cap": cap(40, level)}
+
+    variants = {"m/mem-bio-s0": {"model": "m", "kind": "memorized", "template": "bio", "seed": 0, "parent": None},
+                "m/npo-bio-s0-k20": {"model": "m", "kind": "unlearned", "method": "npo", "template": "bio",
+                                     "run": "npo", "seed": 0, "k": 20, "parent": "m/mem-bio-s0"}}
+    table = pl.DataFrame([row("m/mem-bio-s0", 40, 40), row("m/npo-bio-s0-k20", 20, 12)])
+    run = Run(None, {"variants": variants}, frames={"audit_bound": table})
+    mem, npo = {"kind": "memorized"}, {"kind": "unlearned"}
+    claims = parse([
+        {"id": "mem_leaks", "sentence": "s", "measure": "epsilon_lower", "variants": mem, "compare": 1.0,
+         "expect": "higher"},
+        {"id": "mem_below", "sentence": "s", "measure": "epsilon_lower", "variants": mem, "compare": 1.5,
+         "expect": "lower"},
+        {"id": "npo_below", "sentence": "s", "measure": "epsilon_lower", "variants": npo, "compare": 1.0,
+         "expect": "lower"},
+        {"id": "past_cap", "sentence": "s", "measure": "epsilon_lower", "variants": mem, "compare": 2.0,
+         "expect": "higher"},
+        {"id": "vs_parent", "sentence": "s", "measure": "epsilon_lower", "variants": npo, "compare": "parent",
+         "expect": "lower"},
+    ])
+    verdicts = dict(claims_table(run, claims, "f").select("id", "verdict").iter_rows())
+    assert table["epsilon_lower"][0] == pytest.approx(cap(40, BETA / 16)) and table["epsilon_lower"][1] == 0.0
+    assert verdicts == {"mem_leaks": "holds", "mem_below": "contradicted", "npo_below": "inconclusive",
+                        "past_cap": "not testable", "vs_parent": "not testable"}

@@ -153,14 +153,14 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
     grid (`grid_of(r, shares)`) and every score is tried at beta / (grid x
     scores), so each row's bound holds at 1 - beta as reported, the `any`
     row included.  Columns: candidates r, members, k+, k-, guesses,
-    correct, `epsilon_lower` and `cap` (every candidate guessed right at
+    correct, `tests` (grid x scores), `epsilon_lower` and `cap` (every candidate guessed right at
     the same corrected level: the most this row could show); `picked`, the
     score an `any` row took.  `skipped`: variants without rows (a
     relearning on a share of the members: its held-out candidates are no
     longer a fair coin's)."""
     schema = {"variant": pl.Utf8, "score": pl.Utf8, "picked": pl.Utf8, "candidates": pl.Int64, "members": pl.Int64,
               "k_plus": pl.Int64, "k_minus": pl.Int64, "guesses": pl.Int64, "correct": pl.Int64,
-              "beta": pl.Float64, "epsilon_lower": pl.Float64, "cap": pl.Float64}
+              "tests": pl.Int64, "beta": pl.Float64, "epsilon_lower": pl.Float64, "cap": pl.Float64}
     if scores is None or not scores.height:
         return pl.DataFrame(schema=schema)
     chosen = scores.filter((pl.col("population") == "author") & (pl.col("arm") == arm))
@@ -178,7 +178,7 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
             g = search_bound(part[score].to_numpy(), members, grid, beta, tried=len(ATTACKS))
             row = {"variant": variant, "score": score, "picked": score, "candidates": r, "members": int(members.sum()),
                    "k_plus": g.k_plus, "k_minus": g.k_minus, "guesses": g.guesses, "correct": g.correct,
-                   "beta": level, "epsilon_lower": g.epsilon, "cap": cap(r, level)}
+                   "tests": len(grid) * len(ATTACKS), "beta": level, "epsilon_lower": g.epsilon, "cap": cap(r, level)}
             rows.append(row)
             if best is None or (g.epsilon, -g.guesses) > (best["epsilon_lower"], -best["guesses"]):
                 best = row
