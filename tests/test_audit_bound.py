@@ -195,3 +195,30 @@ def test_claims_on_the_bound_hold_above_it_never_below_and_not_past_its_cap():
     assert table["epsilon_lower"][0] == pytest.approx(cap(40, BETA / 16)) and table["epsilon_lower"][1] == 0.0
     assert verdicts == {"mem_leaks": "holds", "mem_below": "contradicted", "npo_below": "inconclusive",
                         "past_cap": "not testable", "vs_parent": "not testable"}
+
+
+def test_the_bounds_controls_read_the_memorized_adapter_seen_and_its_reference_clean():
+    import polars as pl
+
+    from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, SEEN
+    from canary_audit.verdicts.bound_controls import CLAIM, bound_controls
+
+    level = BETA / 16
+
+    def row(variant: str, guesses: int, correct: int) -> dict:
+        return {"variant": variant, "score": "any", "picked": "loss", "candidates": 40, "guesses": guesses,
+                "correct": correct, "tests": 16, "beta": level, "epsilon_lower": epsilon_lower(guesses, correct, level),
+                "cap": cap(40, level)}
+
+    variants = {"m/mem-bio-s0": {"model": "m", "kind": "memorized", "seed": 0},
+                "m/reference-meta-s0": {"model": "m", "kind": "reference", "seed": 0}}
+    refs = {"m/mem-bio-s0": {"reference": "m/reference-meta-s0"}}
+    read = bound_controls(pl.DataFrame([row("m/mem-bio-s0", 20, 20), row("m/reference-meta-s0", 20, 12)]), variants,
+                          refs).row(0, named=True)
+    assert (read["claim"], read["positive_verdict"], read["negative_verdict"]) == (CLAIM, SEEN, CLEAN)
+    needed = next(v for v in range(21) if epsilon_lower(20, v, level) > 0)
+    assert read["positive_margin"] == pytest.approx(cap(20, level))
+    assert read["negative_margin"] == pytest.approx((needed - 12) / 20) and needed > 12
+    flipped = bound_controls(pl.DataFrame([row("m/mem-bio-s0", 20, 10), row("m/reference-meta-s0", 20, 20)]),
+                             variants, refs).row(0, named=True)
+    assert (flipped["positive_verdict"], flipped["negative_verdict"]) == (MISSED, FALSE_ALARM)

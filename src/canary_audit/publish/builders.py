@@ -13,6 +13,7 @@ import polars as pl
 from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
 from canary_audit.data.inclusion import COIN
 from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
+from canary_audit.verdicts.bound_controls import bound_controls
 from canary_audit.verdicts.controls import (
     composed_cells,
     controls_table,
@@ -236,12 +237,15 @@ def controls(ctx: Context) -> Built | None:
              if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
     spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
     recovery = ctx.built.get("recovery")
+    bound = ctx.built.get("audit_bound")
     table = pl.concat([controls_table(run(ctx), ctx.cfg.get("controls", {}), spill),
-                       recovery_controls(recovery[1] if recovery else None)])
+                       recovery_controls(recovery[1] if recovery else None),
+                       bound_controls(bound[1] if bound else None, ctx.variants, ctx.cfg.get("references", {}))])
     return (f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
             f"same way without it), read by the papers' own readings from the tables above ({ctx.ci}); spill_over: "
             f"mean |Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
-            f"reads `spilled`); the recovery attacks' controls read from the recovery table", table)
+            f"reads `spilled`); the recovery attacks' controls read from the recovery table, the audit bound's from "
+            f"the audit_bound table", table)
 
 
 def floor(ctx: Context) -> Built | None:
