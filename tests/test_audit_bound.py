@@ -113,3 +113,112 @@ def test_the_cap_table_plan_prints():
     text = render_caps()
     assert "| epsilon at most | 1.82 | 2.55 | 3.49 | 4.19 | 5.11 | 5.81 | 6.50 |" in text
     assert "epsilon 4 needs 166" in text
+
+
+def _scores(variant: str, members: np.ndarray, loss: np.ndarray, rng) -> list[dict]:
+    """MIA item-score rows of one variant's author canaries under prefill_bio."""
+    other = rng.normal(size=members.size)  # the other scores: noise
+    return [{"variant": variant, "population": "author", "arm": "prefill_bio",
+             "probe_set": "canary" if m else "author_nonmember", "item_id": f"a{i:03d}", "member": bool(m),
+             "loss": float(x), "zlib": float(o), "min_k": float(-o), "min_k_pp": float(o * 0.5)}
+            for i, (m, x, o) in enumerate(zip(members, loss, other))]
+
+
+def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
+    import polars as pl
+
+    from canary_audit.views.audit_bound import ANY, bound_table, grid_of
+    from canary_audit.views.mia import ATTACKS
+
+    rng = np.random.default_rng(0)
+    members = rng.random(40) < 0.5
+    rows = (_scores("m/mem", members, members.astype(float), rng)  # LOSS separates perfectly
+            + _scores("m/ref", members, rng.normal(size=40), rng)  # nothing separates
+            + _scores("m/npo.relearn", members, members.astype(float), rng))
+    table = bound_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, skipped={"m/npo.relearn"})
+    assert set(table["variant"]) == {"m/mem", "m/ref"}
+    grid = grid_of(40, [0.25, 1.0])
+    assert grid == [(5, 5), (20, 20)]
+    level = BETA / (len(grid) * len(ATTACKS))
+    mem = {r["score"]: r for r in table.filter(pl.col("variant") == "m/mem").iter_rows(named=True)}
+    assert set(mem) == {*ATTACKS, ANY} and mem[ANY]["picked"] == "loss"
+    best, direct = mem["loss"], search_bound(members.astype(float), members, grid, BETA, tried=len(ATTACKS))
+    assert (best["k_plus"], best["guesses"], best["correct"]) == (direct.k_plus, direct.guesses, direct.correct)
+    # 16 members of 40: guessing half each way costs 4 wrong at (20, 20), so (5, 5) all right may win
+    assert best["members"] == int(members.sum()) == 16 and best["correct"] == best["guesses"] - 4 * (
+        best["guesses"] == 40)
+    assert best["beta"] == pytest.approx(level) and best["epsilon_lower"] == pytest.approx(direct.epsilon)
+    assert best["epsilon_lower"] > 0.9  # 36 of 40 right at beta / 8
+    assert best["cap"] == pytest.approx(cap(40, level)) and best["cap"] < cap(40, BETA)  # the search's price
+    assert mem[ANY]["epsilon_lower"] == max(r["epsilon_lower"] for r in mem.values())
+    ref = table.filter((pl.col("variant") == "m/ref") & (pl.col("score") == ANY)).row(0, named=True)
+    assert ref["epsilon_lower"] == 0.0
+
+
+def test_claims_on_the_bound_hold_above_it_never_below_and_not_past_its_cap():
+    """`epsilon_lower` claims are judged on the bound's exact one-sided
+    interval: "at least 1" holds where the bound certifies it, "below 1.5"
+    is contradicted where it certifies more and at best inconclusive where
+    it does not (a lower bound cannot show absence), a number at or past the
+    cap is not testable, and a comparison with another variant is refused."""
+    import polars as pl
+
+    from canary_audit.verdicts.claims import parse
+    from canary_audit.verdicts.judge import claims_table
+    from canary_audit.verdicts.readings import Run
+
+    def row(variant: str, guesses: int, correct: int) -> dict:
+        level = BETA / 16
+        return {"variant": variant, "score": "any", "picked": "loss", "candidates": 40, "members": 21,
+                "guesses": guesses, "correct": correct, "tests": 16, "beta": level,
+                "epsilon_lower": epsilon_lower(guesses, correct, level), "cap": cap(40, level)}
+
+    variants = {"m/mem-bio-s0": {"model": "m", "kind": "memorized", "template": "bio", "seed": 0, "parent": None},
+                "m/npo-bio-s0-k20": {"model": "m", "kind": "unlearned", "method": "npo", "template": "bio",
+                                     "run": "npo", "seed": 0, "k": 20, "parent": "m/mem-bio-s0"}}
+    table = pl.DataFrame([row("m/mem-bio-s0", 40, 40), row("m/npo-bio-s0-k20", 20, 12)])
+    run = Run(None, {"variants": variants}, frames={"audit_bound": table})
+    mem, npo = {"kind": "memorized"}, {"kind": "unlearned"}
+    claims = parse([
+        {"id": "mem_leaks", "sentence": "s", "measure": "epsilon_lower", "variants": mem, "compare": 1.0,
+         "expect": "higher"},
+        {"id": "mem_below", "sentence": "s", "measure": "epsilon_lower", "variants": mem, "compare": 1.5,
+         "expect": "lower"},
+        {"id": "npo_below", "sentence": "s", "measure": "epsilon_lower", "variants": npo, "compare": 1.0,
+         "expect": "lower"},
+        {"id": "past_cap", "sentence": "s", "measure": "epsilon_lower", "variants": mem, "compare": 2.0,
+         "expect": "higher"},
+        {"id": "vs_parent", "sentence": "s", "measure": "epsilon_lower", "variants": npo, "compare": "parent",
+         "expect": "lower"},
+    ])
+    verdicts = dict(claims_table(run, claims, "f").select("id", "verdict").iter_rows())
+    assert table["epsilon_lower"][0] == pytest.approx(cap(40, BETA / 16)) and table["epsilon_lower"][1] == 0.0
+    assert verdicts == {"mem_leaks": "holds", "mem_below": "contradicted", "npo_below": "inconclusive",
+                        "past_cap": "not testable", "vs_parent": "not testable"}
+
+
+def test_the_bounds_controls_read_the_memorized_adapter_seen_and_its_reference_clean():
+    import polars as pl
+
+    from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, SEEN
+    from canary_audit.verdicts.bound_controls import CLAIM, bound_controls
+
+    level = BETA / 16
+
+    def row(variant: str, guesses: int, correct: int) -> dict:
+        return {"variant": variant, "score": "any", "picked": "loss", "candidates": 40, "guesses": guesses,
+                "correct": correct, "tests": 16, "beta": level, "epsilon_lower": epsilon_lower(guesses, correct, level),
+                "cap": cap(40, level)}
+
+    variants = {"m/mem-bio-s0": {"model": "m", "kind": "memorized", "seed": 0},
+                "m/reference-meta-s0": {"model": "m", "kind": "reference", "seed": 0}}
+    refs = {"m/mem-bio-s0": {"reference": "m/reference-meta-s0"}}
+    read = bound_controls(pl.DataFrame([row("m/mem-bio-s0", 20, 20), row("m/reference-meta-s0", 20, 12)]), variants,
+                          refs).row(0, named=True)
+    assert (read["claim"], read["positive_verdict"], read["negative_verdict"]) == (CLAIM, SEEN, CLEAN)
+    needed = next(v for v in range(21) if epsilon_lower(20, v, level) > 0)
+    assert read["positive_margin"] == pytest.approx(cap(20, level))
+    assert read["negative_margin"] == pytest.approx((needed - 12) / 20) and needed > 12
+    flipped = bound_controls(pl.DataFrame([row("m/mem-bio-s0", 20, 10), row("m/reference-meta-s0", 20, 20)]),
+                             variants, refs).row(0, named=True)
+    assert (flipped["positive_verdict"], flipped["negative_verdict"]) == (MISSED, FALSE_ALARM)

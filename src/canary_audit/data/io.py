@@ -9,6 +9,7 @@ import polars as pl
 from canary_audit.core.records import write_parquet_atomic
 from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
+from canary_audit.data.inclusion import FIXED, included
 from canary_audit.data.relearn import FORGET_PREFIX
 
 # The tables the data rule writes, in the order the workflow lists them.
@@ -35,9 +36,28 @@ FICTIONAL_LAST_NAMES = pools.LAST_NAMES[0::2]
 
 def synthetic_settings(data: dict) -> dict:
     """The `data:` settings the synthetic data depend on (not the reference
-    populations' or the images' own counts)."""
+    populations' or the images' own counts; `inclusion` only where it is
+    not `fixed`, the data as they were before the option)."""
     own = {*POPULATION_KEYS, *VISION_KEYS, *AUTHOR_NONMEMBER_KEYS} - {"seed", "n_hex_canaries"}
+    if data.get("inclusion", FIXED) == FIXED:
+        own.add("inclusion")
     return {k: v for k, v in data.items() if k not in own}
+
+
+def author_nonmember_settings(data: dict) -> dict:
+    """What the author non-members depend on: their count and seed, and
+    under coin inclusion the candidates they are drawn from."""
+    keys = AUTHOR_NONMEMBER_KEYS if data.get("inclusion", FIXED) == FIXED else (
+        *AUTHOR_NONMEMBER_KEYS, "n_authors", "inclusion")
+    return {k: data[k] for k in keys}
+
+
+def candidates(cfg: dict) -> tuple[list[syn.Author], list[syn.Author]]:
+    """The forget set's candidates split by their inclusion (data/inclusion.py):
+    (members, the rest)."""
+    pool = syn.make_authors(cfg["n_authors"], cfg["seed"], prefix=FORGET_PREFIX, last_names=FICTIONAL_LAST_NAMES)
+    flags = included(cfg)
+    return [a for a, m in zip(pool, flags) if m], [a for a, m in zip(pool, flags) if not m]
 
 
 def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
@@ -46,10 +66,10 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
     Fails before writing anything if a canary string occurs in a bSFT source.
     """
     seed = cfg["seed"]
-    authors = syn.make_authors(cfg["n_authors"], seed, prefix=FORGET_PREFIX, last_names=FICTIONAL_LAST_NAMES)
+    authors, rest = candidates(cfg)
     distractors = syn.make_authors(
         cfg["n_distractors"], seed, prefix="d", last_names=pools.LAST_NAMES[1::2],
-        exclude_titles={syn.title_pair(a.canary) for a in authors},
+        exclude_titles={syn.title_pair(a.canary) for a in (*authors, *rest)},
     )
     canaries, decoys = syn.canary_frames(cfg["n_hex_canaries"], seed)
     authors_df = syn.authors_frame(authors)
@@ -65,7 +85,7 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         # bSFT items themselves stay unseen by the base model.
         "pretrain_bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed + 10_000),
     }
-    syn.check_no_canary_in_bsft(tables["bsft"], canaries, authors_df)
+    syn.check_no_canary_in_bsft(tables["bsft"], canaries, syn.authors_frame([*authors, *rest]))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         write_parquet_atomic(frame, out_dir / f"{name}.parquet")
@@ -92,7 +112,13 @@ def write_author_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[st
     like the forget set (the same name, city, genre and canary pools) that no
     adapter trains on and the pre-training corpus does not hold: no name of
     a forget author, no canary title pair of a forget author or distractor.
-    Membership inference's negatives for the author canaries."""
+    Membership inference's negatives for the author canaries.  Under coin
+    inclusion they are the candidates the coins left out (data/inclusion.py)
+    instead, so that they are exchangeable with the members."""
+    if cfg.get("inclusion", FIXED) != FIXED:
+        _, rest = candidates(cfg)
+        write_parquet_atomic(syn.authors_frame(rest), out_dir / f"{AUTHOR_NONMEMBERS}.parquet")
+        return {AUTHOR_NONMEMBERS: len(rest)}
     authors = pl.read_parquet(data_dir / "authors.parquet")
     distractors = pl.read_parquet(data_dir / "distractors.parquet")
     nonmembers = syn.make_authors(

@@ -46,15 +46,17 @@ def author_id(i: int) -> str:
     return f"{FORGET_PREFIX}{i:03d}"
 
 
-def relearned_authors(n_authors: int, share: float, seed: int) -> list[str]:
+def relearned_authors(n_authors: int, share: float, seed: int, included: list[bool] | None = None) -> list[str]:
     """The forget-set authors a `forget` relearning trains on (`seed`: the
-    data's): round(share * n) of the n, at least one and at most n - 1 (a
-    held-out author must remain), drawn by a seeded shuffle; sorted."""
+    data's): round(share * n) of the n members, at least one and at most
+    n - 1 (a held-out author must remain), drawn by a seeded shuffle;
+    sorted.  `included` (data/inclusion.py: which of the `n_authors`
+    candidates the coins kept) restricts the draw to the members."""
     if not 0 < share < 1:
         raise ValueError(f"relearning share {share} must lie strictly between 0 and 1 (a share of the authors is "
                          "relearned and the rest probed)")
-    if n_authors < 2:
-        raise ValueError(f"relearning a share of {n_authors} author(s) leaves none to probe; use at least 2")
-    count = min(max(round(share * n_authors), 1), n_authors - 1)
-    ids = [author_id(i) for i in range(n_authors)]
+    ids = [author_id(i) for i in range(n_authors) if included is None or included[i]]
+    if len(ids) < 2:
+        raise ValueError(f"relearning a share of {len(ids)} author(s) leaves none to probe; use at least 2")
+    count = min(max(round(share * len(ids)), 1), len(ids) - 1)
     return sorted(random.Random(f"relearn:{seed}").sample(ids, count))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from canary_audit.data.inclusion import COIN, coins
 from canary_audit.data.planted_controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
@@ -159,6 +160,7 @@ class Checks:
             raise ConfigError(str(err)) from None
         self._check_controls()
         self._check_layers()
+        self._check_inclusion()
         self._check_recovery()
         self._check_claims()
         contrast = cfg["tables"]["prefill_contrast"]
@@ -179,6 +181,22 @@ class Checks:
             parsed = parse_claims(claims)
             check_selectors(parsed, fields_of(self.variant_table(), self.cells()))
         except ClaimError as err:
+            raise ConfigError(str(err)) from None
+
+    def _check_inclusion(self) -> None:
+        """Coin inclusion draws the author non-members from the candidates: a
+        second, fixed population beside them would not be exchangeable
+        with the members, and its coins must leave both sides non-empty."""
+        data = self.config["data"]
+        if data["inclusion"] != COIN:
+            return
+        if data["n_author_nonmembers"]:
+            raise ConfigError(f"config key `data.n_author_nonmembers` is {data['n_author_nonmembers']}, but "
+                              "`data.inclusion: coin` makes the candidates the coins leave out the non-members; "
+                              "set it to 0")
+        try:
+            coins(data["n_authors"], data["seed"])
+        except ValueError as err:
             raise ConfigError(str(err)) from None
 
     def _check_recovery(self) -> None:

@@ -5,9 +5,9 @@ Per stage: the jobs (from the design, the same list the workflow runs:
 tests compare it with Snakemake's dry run), the sequences each model pass
 scores or decodes, the tokens, the training steps, the model loads, the
 disk written, and GPU-hours estimated from a measured throughput table
-(`src/canary_audit/design/throughput.json`, written by `benchmarks/gpu.py`, which names
-the GPU, shape, dtype and date it came from).  It reads the config and the
-checkpoints' `config.json` only (no torch, no data), so it runs in seconds.
+(`src/canary_audit/design/throughput.json`, written by `benchmarks/gpu.py`, which names the GPU,
+shape, dtype and date it came from).  It reads the config and the checkpoints' `config.json` only (no
+torch, no data), so it runs in seconds.
 
 The estimates are stated models, not measurements of this config:
 
@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from canary_audit.core.jobs import VIEW_JOBS
+from canary_audit.data.inclusion import members, nonmembers
 from canary_audit.data.planted_controls import CONTROL, SUPPRESSION, hex_plant_recipe, plant_of
 from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.design.slices import resolved_settings
@@ -165,8 +166,8 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
     arms, k = len(design.prefills(group)), probes["decode"]["hit_k"]
     out = dict.fromkeys(("greedy_author", "greedy_hex", "sampled", "scored_author", "scored_hex"), 0)
     if sets != HEX:  # canary and 3 QA per author under AUTO and every prefill; retain once
-        out["greedy_author"] = data["n_authors"] * 4 * (1 + arms) + data["n_retain"]
-        out["scored_author"] = (data["n_authors"] + data["n_author_nonmembers"]) * arms
+        out["greedy_author"] = members(data) * 4 * (1 + arms) + data["n_retain"]
+        out["scored_author"] = (members(data) + nonmembers(data)) * arms
     if sets != AUTHOR_SETS:
         own = design.own_secrets(model)
         if own:  # members with two decoys each, non-members, candidates
@@ -190,13 +191,12 @@ def further_decodes(design: Design, model: str, group: str, hex_members: int) ->
     built-in ones (which pass_sequences counts): each member of the family
     (an author; a hex canary, `hex_members` of them) times the decodes the
     kind declares per member, an upper bound where the kind caps them."""
-    sets, data = design.probe_sets_of(model, group), design.config["data"]
-    members = {"author": data["n_authors"], "hex": hex_members}
+    sets, count = design.probe_sets_of(model, group), {"author": members(design.config["data"]), "hex": hex_members}
     out = {"author": 0, "hex": 0}
     for name, settings in resolved_settings(design.config["probes"].get("kinds", {})).items():
         kind = kind_named(name)
         if kind.decodes_per_member and sets in (ALL_SETS, kind.family):
-            out[kind.family] += members[kind.family] * kind.decodes_per_member(settings, design.is_vision(model))
+            out[kind.family] += count[kind.family] * kind.decodes_per_member(settings, design.is_vision(model))
     return out
 
 
@@ -395,6 +395,6 @@ def plan_report(files: list[Path], given: dict[str, Path], throughput: Path | No
     speed = load_throughput(throughput or THROUGHPUT)
     stages = plan(design, shapes, speed)
     text = (render(stages, speed) + "\n\n" + floors.render(floors.load(), config["data"]["n_hex_canaries"])
-            + "\n\n" + components.render(components.load(), len(config["audit"]["seeds"]), config["data"]["n_authors"])
+            + "\n\n" + components.render(components.load(), len(config["audit"]["seeds"]), members(config["data"]))
             + "\n\n" + render_caps())
     return text, stages

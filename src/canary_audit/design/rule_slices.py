@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from canary_audit.data.io import (
-    AUTHOR_NONMEMBER_KEYS,
     IMAGE_NONMEMBER_KEYS,
     POPULATION_KEYS,
     VISION_KEYS,
+    author_nonmember_settings,
     synthetic_settings,
 )
 from canary_audit.data.planted_controls import SUPPRESSION
@@ -115,6 +115,7 @@ class RuleSlices:
             "merge_precision": self.merge_precisions(), "secret_formats": self.secret_formats(),
             "variants": self.variant_table(), "controls": self.control_claims(), "floor_plants": self.floor_plants(),
             "composed_floors": self.composed_floors(), "n_hex_canaries": self.config["data"]["n_hex_canaries"],
+            "inclusion": self.config["data"]["inclusion"],
             "think_open": self.think_opens(), "expected_hashes": self.probe_hashes(),
         }
 
@@ -141,7 +142,7 @@ RULE_SLICES: dict[str, Callable[[RuleSlices, Wildcards], dict]] = {
     "populations": lambda d, w: d.data_slice(POPULATION_KEYS),
     "vision_data": lambda d, w: d.data_slice(VISION_KEYS),
     "vision_nonmembers": lambda d, w: d.data_slice(IMAGE_NONMEMBER_KEYS),
-    "author_nonmembers": lambda d, w: d.data_slice(AUTHOR_NONMEMBER_KEYS),
+    "author_nonmembers": lambda d, w: author_nonmember_settings(d.config["data"]),
     "own_secrets": lambda d, w: d.own_secrets_slice(w["model"]),
     "embedded_base": lambda d, w: d.base_slice(w["model"]),
     "embedded_vision_base": lambda d, w: d.vision_base_slice(w["model"]),

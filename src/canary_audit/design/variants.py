@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from canary_audit.data.chat_format import retain_form
+from canary_audit.data.inclusion import included
 from canary_audit.data.planted_controls import (
     CONTROL,
     CONTROL_GROUP,
@@ -168,8 +169,10 @@ class Variants:
         for data in relearn["data"]:
             # Drawn once from the data's seed: every training seed holds out the same authors, so the
             # seed x author layout of the verdicts stays crossed.
+            # Under coin inclusion the share is drawn from the members (data/inclusion.py).
             chosen = tuple(relearned_authors(self.config["data"]["n_authors"], relearn["share"],
-                                             self.config["data"]["seed"]) if data == FORGET else ())
+                                             self.config["data"]["seed"], included(self.config["data"]))
+                           if data == FORGET else ())
             for twin in twins:
                 for steps in relearn["steps"]:
                     name = f"{twin.name}.{attack_name(data, template, steps)}"

@@ -11,7 +11,9 @@ from collections.abc import Callable
 import polars as pl
 
 from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
+from canary_audit.data.inclusion import COIN
 from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
+from canary_audit.verdicts.bound_controls import bound_controls
 from canary_audit.verdicts.controls import (
     composed_cells,
     controls_table,
@@ -21,6 +23,7 @@ from canary_audit.verdicts.controls import (
 )
 from canary_audit.verdicts.readings import Run
 from canary_audit.views import paper_a, paper_b
+from canary_audit.views.audit_bound import bound_table
 from canary_audit.views.blind import FOLDS, mark, withhold_privleak
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
@@ -208,6 +211,25 @@ def recovery(ctx: Context) -> Built | None:
             f"memorized parent (`ceiling`) and its never-trained reference (`negative`); {ctx.ci}", table)
 
 
+def audit_bound(ctx: Context) -> Built | None:
+    """The one-run bound (views/audit_bound.py) of each variant's author
+    canaries, built only where the coins drew the forget set
+    (`data.inclusion: coin`): on a fixed split the theorem's premise, a
+    fair coin per candidate, does not hold, so no bound is given."""
+    settings = ctx.cfg.get("audit_bound")
+    if settings is None or ctx.cfg.get("inclusion") != COIN or ctx.mia is None or not ctx.tokens.height:
+        return None
+    relearned = {name for name, v in ctx.variants.items() if v.get("relearned")}
+    table = bound_table(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned)
+    if not table.height:
+        return None
+    return (f"One-run audit bound (Steinke, Nasr and Jagielski 2023): a lower bound on epsilon (delta = 0) at "
+            f"{1 - settings['beta']:.0%} confidence from guessing which author canaries were coin-included "
+            f"(the LOSS, zlib, Min-K% and Min-K%++ scores under prefill_{ctx.contrast}, the k+ highest guessed "
+            f"members and the k- lowest non-members over the grid of shares {settings['shares']}; Bonferroni over "
+            f"the grid and the scores); `cap`: every candidate guessed right", table)
+
+
 def controls(ctx: Context) -> Built | None:
     if not ctx.controls:  # paper B's plants are read without paper A's records (configs/floor80.yaml)
         return None
@@ -215,12 +237,15 @@ def controls(ctx: Context) -> Built | None:
              if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
     spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
     recovery = ctx.built.get("recovery")
+    bound = ctx.built.get("audit_bound")
     table = pl.concat([controls_table(run(ctx), ctx.cfg.get("controls", {}), spill),
-                       recovery_controls(recovery[1] if recovery else None)])
+                       recovery_controls(recovery[1] if recovery else None),
+                       bound_controls(bound[1] if bound else None, ctx.variants, ctx.cfg.get("references", {}))])
     return (f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
             f"same way without it), read by the papers' own readings from the tables above ({ctx.ci}); spill_over: "
             f"mean |Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
-            f"reads `spilled`); the recovery attacks' controls read from the recovery table", table)
+            f"reads `spilled`); the recovery attacks' controls read from the recovery table, the audit bound's from "
+            f"the audit_bound table", table)
 
 
 def floor(ctx: Context) -> Built | None:

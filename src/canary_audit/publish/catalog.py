@@ -212,6 +212,13 @@ BUILT_IN: tuple[Table, ...] = (
             lambda f: with_ci(f, ["before", "after", "delta"]).select(
                 "variant", "role", "attack", "measure", "before", "after", "delta", "ceiling", "negative",
                 "testable", "retain_before", "retain_after")),)),
+    Table("audit_bound", "recovery", b.audit_bound,
+        pages=(Page(
+            4, "One-run audit bound", "With 95% confidence the training leaked at least epsilon_lower (delta = 0) "
+            "about which coin-included author canaries it saw: a lower bound, which can show leakage and never its "
+            "absence (a bound of 0 is not a proof of privacy), capped by the candidates (`cap`).",
+            lambda f: f.filter(pl.col("score") == "any").select(
+                "variant", "picked", "candidates", "members", "guesses", "correct", "epsilon_lower", "cap")),)),
     Table(CONTROLS_TABLE, "controls", b.controls,
         pages=(Page(
             1, "Planted controls", "Each claim's positive control holds the effect by construction, its negative is "

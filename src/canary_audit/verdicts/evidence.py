@@ -7,22 +7,37 @@ per author and seed) the interval is the crossed layout's, a comparison
 with another variant (its parent, its reference, a selector) a paired
 difference per author and seed.  Elsewhere it is built from each seed's
 own estimate and CI (`intervals.seed_points`, conservative), and with one
-seed from that seed's CI (its normal equivalent).
+seed from that seed's CI (its normal equivalent).  A one-run audit bound
+is its own exact one-sided interval (`BoundInterval`).  Beside the
+interval: Simonsohn's small-telescopes reading against the paper's CI.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from canary_audit.verdicts import power
 from canary_audit.verdicts.decision import Claimed
-from canary_audit.verdicts.intervals import Heterogeneity, Interval, gail_simon, heterogeneity, interval, seed_points
+from canary_audit.verdicts.intervals import (
+    CONTINUOUS,
+    Heterogeneity,
+    Interval,
+    gail_simon,
+    heterogeneity,
+    interval,
+    seed_points,
+)
 from canary_audit.verdicts.readings import Run
+from canary_audit.views.audit_bound import epsilon_lower
 from canary_audit.views.seeds import CELLS_TABLE
+
+if TYPE_CHECKING:
+    from canary_audit.verdicts.claims import Claim
 
 Z95 = 1.959963984540054
 
@@ -119,3 +134,53 @@ def from_points(points: list[Point], scale: str, claimed: Claimed) -> Evidence |
     return Evidence(iv, claimed, het, power.from_se(iv.se, iv.df), len(points), per_seed,
                     "; ".join(p.source for p in points[:1]))
 
+
+
+@dataclass(frozen=True)
+class BoundInterval(Interval):
+    """The one-run audit's bound as an interval (views/audit_bound.py):
+    [epsilon_lower, inf) at each level, from `correct` right guesses of
+    `guesses` with the level spent over `tests` (the grid and the scores
+    the table searched): one-sided and exact, with no upper end, since a
+    lower bound shows leakage and never its absence.  So a claim that the
+    bound exceeds a number can hold, one that it stays below can be
+    contradicted (the bound certifies more) and never hold."""
+
+    guesses: int = 0
+    correct: int = 0
+    tests: int = 1
+
+    def at(self, level: float = 0.95) -> tuple[float, float]:
+        return epsilon_lower(self.guesses, self.correct, (1.0 - level) / self.tests), math.inf
+
+
+def from_bound(row: dict, claimed: Claimed, label: str, source: str) -> Evidence:
+    """A claim on the audit bound from its table row (one training run)."""
+    iv = BoundInterval(float(row["epsilon_lower"]), CONTINUOUS, None,
+                       f"the one-run audit bound: exact binomial tail, one-sided, Bonferroni over {row['tests']} "
+                       "tries", math.nan, math.inf, guesses=int(row["guesses"]), correct=int(row["correct"]),
+                       tests=int(row["tests"]))
+    power = (f"a lower bound shows leakage, never its absence; every one of the {row['candidates']} candidates "
+             f"guessed right would certify {float(row['cap']):.3g}")
+    return Evidence(iv, claimed, None, power, 1,
+                    f"{label}: {float(row['epsilon_lower']):.3g} ({row['correct']} of {row['guesses']} guesses "
+                    "right)", source)
+
+
+def small_telescopes(claim: Claim, found: Evidence) -> str:
+    """Simonsohn's (2015) reading against the paper's own precision: d33,
+    the effect the paper had 33% power to detect (1.52 of its SE, from its
+    reported CI), against this run's one-sided 95% bound; "" where the
+    paper states no CI."""
+    ci = (claim.paper or {}).get("ci")
+    if not ci or found.claimed.expect == "within":
+        return ""
+    se = (ci[1] - ci[0]) / (2 * Z95)
+    sign = 1 if found.claimed.expect == "higher" else -1
+    d33 = sign * 1.5235 * se  # z_{0.975} - z_{0.67}: 33% power at the paper's SE
+    lo, hi = found.interval.at(0.90)
+    bound = (hi if sign > 0 else lo) - found.claimed.null
+    smaller = bound < d33 if sign > 0 else bound > d33
+    return (f"d33 = {d33:+.3g} (the paper's SE {se:.3g}); this run's one-sided 95% bound {bound:+.3g} "
+            + ("lies short of it: an effect too small for the paper to have seen" if smaller else
+               "does not exclude it"))

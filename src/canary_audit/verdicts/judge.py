@@ -200,6 +200,8 @@ def gather(run: Run, claim: Claim, fields: dict) -> Pending:
         if past:
             pending.refused, pending.source = past, f"{measure.table}: {name}"
             return pending
+    if measure.bound:
+        return _bound(run, pending, names, fields)
     others = {n: _other(run, claim, n, fields) for n in names}
     if claim.compare is not None and not isinstance(claim.compare, int | float) and None in others.values():
         missing = [n for n, o in others.items() if o is None]
@@ -233,23 +235,28 @@ def gather(run: Run, claim: Claim, fields: dict) -> Pending:
     return pending
 
 
-def small_telescopes(claim: Claim, found: Evidence) -> str:
-    """Simonsohn's (2015) reading against the paper's own precision: d33,
-    the effect the paper had 33% power to detect (1.52 of its SE, from its
-    reported CI), against this run's one-sided 95% bound; "" where the
-    paper states no CI."""
-    ci = (claim.paper or {}).get("ci")
-    if not ci or found.claimed.expect == "within":
-        return ""
-    se = (ci[1] - ci[0]) / (2 * Z95)
-    sign = 1 if found.claimed.expect == "higher" else -1
-    d33 = sign * 1.5235 * se  # z_{0.975} - z_{0.67}: 33% power at the paper's SE
-    lo, hi = found.interval.at(0.90)
-    bound = (hi if sign > 0 else lo) - found.claimed.null
-    smaller = bound < d33 if sign > 0 else bound > d33
-    return (f"d33 = {d33:+.3g} (the paper's SE {se:.3g}); this run's one-sided 95% bound {bound:+.3g} "
-            + ("lies short of it: an effect too small for the paper to have seen" if smaller else
-               "does not exclude it"))
+def _bound(run: Run, pending: Pending, names: list[str], fields: dict) -> Pending:
+    """A claim on the one-run audit bound: one training run's row against a
+    stated epsilon.  Seeds are not pooled (their candidates share one draw
+    of coins), and another variant's bound is no comparison: a lower bound
+    bounds nothing above."""
+    claim, measure = pending.claim, pending.measure
+    if len(names) > 1:
+        pending.refused = (f"the one-run bound is per training run and {len(names)} are selected "
+                           f"({', '.join(names)}); their candidates share one draw of coins, so name one seed")
+    elif not isinstance(claim.compare, int | float) or isinstance(claim.compare, bool):
+        pending.refused = (f"`compare: {claim.compare}`: a bound is judged against a stated epsilon (a number); "
+                           "another variant's lower bound bounds nothing above it")
+    else:
+        row = _row(run, measure, claim, names[0])
+        if row is None or row.get(measure.column) is None:
+            pending.refused = f"no `{measure.table}` row for {names[0]} (built under data.inclusion: coin only)"
+        else:
+            seed = fields[names[0]].get("seed")
+            pending.evidence = evidence.from_bound(row, claimed_of(claim), f"s{seed}" if seed is not None
+                                                   else names[0], f"{measure.table}: {names[0]}")
+    pending.source = pending.source or measure.table
+    return pending
 
 
 def _control(claim: Claim, measure: Measure) -> tuple[str | None, str | None]:
@@ -296,8 +303,9 @@ def _value_row(p: Pending, decision: Decision | None, p_holm: float | None) -> d
             "estimate": e.interval.estimate, "ci_lo": lo, "ci_hi": hi, "verdict": decision.verdict,
             "qualifier": decision.qualifier, "borderline": decision.borderline, "why": why, "power": e.power,
             "p_value": decision.p_value, "p_holm": p_holm, "interval": e.interval.method,
-            "heterogeneity": e.heterogeneity.text() if e.heterogeneity else "", "small_telescopes":
-            small_telescopes(claim, e), "seeds": e.seeds, "per_seed": e.per_seed, "source": p.source or e.source}
+            "heterogeneity": e.heterogeneity.text() if e.heterogeneity else "",
+            "small_telescopes": evidence.small_telescopes(claim, e), "seeds": e.seeds, "per_seed": e.per_seed,
+            "source": p.source or e.source}
 
 
 def _reading_row(run: Run, claim: Claim, measure: Measure, fields: dict) -> dict:

@@ -50,6 +50,7 @@ class Measure:
     ceiling: str | None = None  # the table's column holding the measure's ceiling on a row
     reaches: str | None = None  # the measure that reads past that ceiling
     scale: str = CONTINUOUS  # how its interval is bounded (intervals.SCALES)
+    bound: bool = False  # a one-run audit bound: judged by its exact one-sided interval (evidence.from_bound)
 
     @property
     def comparisons(self) -> tuple[str, ...]:
@@ -58,9 +59,9 @@ class Measure:
 
 
 def _value(name, doc, table, column, *, rows=None, where=(), pooled=None, control=None, ceiling=None,
-           reaches=None, scale=CONTINUOUS) -> Measure:
+           reaches=None, scale=CONTINUOUS, bound=False) -> Measure:
     return Measure(name, doc, table, column, rows or {}, tuple(where) + tuple(rows or {}), pooled, control,
-                   ceiling=ceiling, reaches=reaches, scale=scale)
+                   ceiling=ceiling, reaches=reaches, scale=scale, bound=bound)
 
 
 def _reading(name, doc, read, *, control=None, floor=False) -> Measure:
@@ -75,6 +76,9 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
     _value("author_hitk", "hit@k on the authors' canaries: one of k sampled AUTO decodes' answers holds the canary "
            "(canary_sampled; probes.kinds.canary_sampled.k > 0)", "canary_sampled", "hit_at_k", pooled="hit_at_k",
            scale=RATE),
+    _value("epsilon_lower", "the one-run audit bound on epsilon (delta = 0) at 95% over the coin-included author "
+           "canaries, the best membership score (audit_bound; data.inclusion coin)", "audit_bound", "epsilon_lower",
+           rows={"score": "any"}, ceiling="cap", bound=True),
     _value("bypass_gap", "thk_leak - out_acc (canary_leakage)", "canary_leakage", "gap", rows={"arm": "auto"},
            pooled="gap", control="bypass_gap", scale=DIFFERENCE),
     _value("delta_ab", "out_acc(AUTO) - out_acc(prefill contrast) at fixed weights (prefill_arms)", "prefill_arms",

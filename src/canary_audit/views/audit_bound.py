@@ -19,7 +19,8 @@ and "non-member" on the k- lowest.  A k chosen by looking at the data is a
 search: `search_bound` spends beta over the grid and the scores it tried
 (Bonferroni), so the bound it reports keeps its confidence.
 
-Pure numpy and scipy; what is validated (tests/test_audit_bound.py):
+The bound is numpy and scipy, `bound_table` its polars view over the
+records' membership scores; what is validated (tests/test_audit_bound.py):
 over mechanisms of known epsilon the bound exceeds the true epsilon in at
 most beta of trials, is 0 in at least 1 - beta of trials when the scores
 are independent of membership, and both fail with the wrong binomial tail.
@@ -31,6 +32,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
+
+from canary_audit.views.mia import ATTACKS
 
 
 def epsilon_lower(guesses: int, correct: int, beta: float = 0.05) -> float:
@@ -122,3 +126,61 @@ def search_bound(scores: np.ndarray, members: np.ndarray, grid: list[tuple[int, 
         raise ValueError("an empty grid of (k+, k-) guesses: name at least one")
     level = beta / (len(grid) * tried)
     return max((guess(scores, members, kp, km, level) for kp, km in grid), key=lambda g: (g.epsilon, -g.guesses))
+
+
+def grid_of(candidates: int, shares: list[float]) -> list[tuple[int, int]]:
+    """The (k+, k-) the guesser may take over `candidates`: for each share
+    of them guessed, half on the highest scores and half on the lowest
+    (distinct pairs, at least one guess each)."""
+    out = []
+    for share in shares:
+        half = max(1, round(share * candidates / 2))
+        pair = (min(half, candidates // 2), min(half, candidates - candidates // 2))
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
+ANY = "any"  # the row of the best score per variant: the choice among scores is paid for
+
+
+def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta: float,
+                skipped: set[str] = frozenset()) -> pl.DataFrame:
+    """The one-run bound per variant of the author canaries under prefill
+    `arm` (members: the forget set's canaries, non-members: the candidates
+    the coins left out), per score of `attacks` (views/mia.ATTACKS; higher =
+    more member-like) and as `any`, the best of them: every (k+, k-) of the
+    grid (`grid_of(r, shares)`) and every score is tried at beta / (grid x
+    scores), so each row's bound holds at 1 - beta as reported, the `any`
+    row included.  Columns: candidates r, members, k+, k-, guesses,
+    correct, `tests` (grid x scores), `epsilon_lower` and `cap` (every candidate guessed right at
+    the same corrected level: the most this row could show); `picked`, the
+    score an `any` row took.  `skipped`: variants without rows (a
+    relearning on a share of the members: its held-out candidates are no
+    longer a fair coin's)."""
+    schema = {"variant": pl.Utf8, "score": pl.Utf8, "picked": pl.Utf8, "candidates": pl.Int64, "members": pl.Int64,
+              "k_plus": pl.Int64, "k_minus": pl.Int64, "guesses": pl.Int64, "correct": pl.Int64,
+              "tests": pl.Int64, "beta": pl.Float64, "epsilon_lower": pl.Float64, "cap": pl.Float64}
+    if scores is None or not scores.height:
+        return pl.DataFrame(schema=schema)
+    chosen = scores.filter((pl.col("population") == "author") & (pl.col("arm") == arm))
+    rows = []
+    for variant in sorted(set(chosen["variant"].to_list()) - set(skipped)):
+        part = chosen.filter(pl.col("variant") == variant).sort("probe_set", "item_id")
+        members = part["member"].to_numpy()
+        r = part.height
+        if not members.any() or members.all():
+            continue
+        grid = grid_of(r, shares)
+        level = beta / (len(grid) * len(ATTACKS))
+        best = None
+        for score in ATTACKS:
+            g = search_bound(part[score].to_numpy(), members, grid, beta, tried=len(ATTACKS))
+            row = {"variant": variant, "score": score, "picked": score, "candidates": r, "members": int(members.sum()),
+                   "k_plus": g.k_plus, "k_minus": g.k_minus, "guesses": g.guesses, "correct": g.correct,
+                   "tests": len(grid) * len(ATTACKS), "beta": level, "epsilon_lower": g.epsilon, "cap": cap(r, level)}
+            rows.append(row)
+            if best is None or (g.epsilon, -g.guesses) > (best["epsilon_lower"], -best["guesses"]):
+                best = row
+        rows.append({**best, "score": ANY})
+    return pl.DataFrame(rows, schema=schema)

@@ -1,0 +1,89 @@
+"""Randomized inclusion of the forget set (data/inclusion.py): fair seeded
+coins over one generator's candidates, the members in authors.parquet and
+the rest as the author non-members, the fixed default unchanged, and the
+design reading the same coins (counts, a relearning's share, refusals)."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from test_design import config_of, design_of
+
+from canary_audit.data import synthetic as syn
+from canary_audit.data.inclusion import COIN, coins, included, members, nonmembers
+from canary_audit.data.io import FICTIONAL_LAST_NAMES, write_author_nonmembers, write_synthetic
+
+CFG = {"seed": 3, "n_authors": 16, "n_distractors": 20, "n_retain": 10, "n_hex_canaries": 6, "n_bsft_per_source": 8,
+       "n_author_nonmembers": 0}
+
+
+def test_the_coins_are_fair_seeded_and_refused_when_all_fall_alike():
+    assert coins(40, 0) == coins(40, 0) and coins(40, 0) != coins(40, 1)
+    share = sum(sum(coins(40, s)) for s in range(200)) / (40 * 200)
+    assert abs(share - 0.5) < 0.02  # 8,000 fair coins: 3.5 standard errors of 0.0056
+    degenerate = next(s for s in range(100) if len(set(
+        __import__("random").Random(f"inclusion:author:{s}").random() < 0.5 for _ in range(2))) == 1)
+    with pytest.raises(ValueError, match=f"all 2 coins of data.seed {degenerate} fell"):
+        coins(2, degenerate)
+
+
+def test_coin_inclusion_splits_one_generators_candidates_and_fixed_is_as_before(tmp_path):
+    fixed = tmp_path / "fixed"
+    write_synthetic(fixed, {**CFG, "inclusion": "fixed"})
+    pool = syn.make_authors(16, 3, prefix="a", last_names=FICTIONAL_LAST_NAMES)
+    assert pl.read_parquet(fixed / "authors.parquet").equals(syn.authors_frame(pool))  # the data as before
+    coin = tmp_path / "coin"
+    cfg = {**CFG, "inclusion": COIN}
+    write_synthetic(coin, cfg)
+    write_author_nonmembers(coin, coin, cfg)
+    kept = pl.read_parquet(coin / "authors.parquet")
+    rest = pl.read_parquet(coin / "author_nonmembers.parquet")
+    flags = coins(16, 3)
+    assert kept["author_id"].to_list() == [a.author_id for a, m in zip(pool, flags) if m]
+    assert rest["author_id"].to_list() == [a.author_id for a, m in zip(pool, flags) if not m]
+    assert kept.vstack(rest).sort("author_id").equals(syn.authors_frame(pool))  # one generator's candidates
+    qa = pl.read_parquet(coin / "qa.parquet")
+    assert set(qa["author_id"]) == set(kept["author_id"])  # only members are trained on
+    assert (members(cfg), nonmembers(cfg)) == (kept.height, rest.height)
+
+
+def test_the_design_refuses_a_fixed_population_beside_the_coins_and_draws_relearning_from_members():
+    from canary_audit.design import ConfigError
+
+    with pytest.raises(ConfigError, match="`data.n_author_nonmembers` is 100, but `data.inclusion: coin`"):
+        design_of({"data": {"inclusion": COIN, "n_author_nonmembers": 100}})
+    data = config_of({"data": {"inclusion": COIN, "n_author_nonmembers": 0, "n_authors": 12}})["data"]
+    design = design_of({"data": {"inclusion": COIN, "n_author_nonmembers": 0, "n_authors": 12},
+                        "recovery": {"unlearned": [{"run": "npo", "template": "bio", "k": "max"}],
+                                     "relearn": {"data": ["forget"], "steps": [5], "share": 0.25}}})
+    relearned = {a for v in design.variant_table().values() for a in (v.get("relearned") or ())}
+    member_ids = {f"a{i:03d}" for i, m in enumerate(included(data)) if m}
+    assert relearned and relearned <= member_ids
+
+
+def test_the_plan_counts_the_members_the_coins_kept():
+    from canary_audit.design.plan import pass_sequences
+
+    overrides = {"data": {"inclusion": COIN, "n_author_nonmembers": 0, "n_authors": 12}}
+    design, data = design_of(overrides), config_of(overrides)["data"]
+    model = design.config["audit"]["models"][0]
+    group = next(g for g, names in design.probe_groups(model).items() if "mem-bio" in names[0])
+    counts = pass_sequences(design, model, group)
+    arms = len(design.prefills(group))
+    assert counts["greedy_author"] == members(data) * 4 * (1 + arms) + data["n_retain"]
+    assert counts["scored_author"] == data["n_authors"] * arms  # every candidate, member or not
+
+
+def test_docs_figures_of_the_audit_config_are_the_codes():
+    from conftest import ROOT
+
+    from canary_audit.views.audit_bound import cap, grid_of
+    from canary_audit.views.mia import ATTACKS
+
+    text = " ".join((ROOT / "docs" / "measures.md").read_text().split())
+    default = config_of()["data"]
+    kept = members({**default, "n_authors": 40, "seed": 0, "inclusion": COIN})
+    assert f"({kept} of 40 at data seed 0)" in text
+    shares = config_of()["tables"]["audit_bound"]["shares"]
+    level = config_of()["tables"]["audit_bound"]["beta"] / (len(grid_of(40, shares)) * len(ATTACKS))
+    assert f"4 shares, 4 scores: {cap(40, level):.2f} at 95%" in text and len(shares) == len(ATTACKS) == 4
