@@ -260,9 +260,8 @@ def _bound(run: Run, pending: Pending, names: list[str], fields: dict) -> Pendin
 
 
 def _control(claim: Claim, measure: Measure) -> tuple[str | None, str | None]:
-    """The planted control that calibrates a claim, and the pattern of its
-    positive's name: on attacked variants the attack's own control, read on
-    out_acc only (controls.recovery_controls); else the measure's."""
+    """The planted control that calibrates a claim, and the pattern of its positive's name: on attacked
+    variants the attack's own control, read on out_acc only (controls.recovery_controls); else the measure's."""
     attack = attack_control(claim.variants)
     if attack is None:
         return measure.control, None
