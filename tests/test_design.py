@@ -193,6 +193,10 @@ def test_variant_table_of_the_smoke_audit():
     # no exposure candidates, no exposure table (the tables job could not write it)
     assert "exposure" in design.table_names()
     assert "exposure" not in design_of({"data": {"n_exposure_candidates": 0}}).table_names()
+    # a probe kind its settings switch off (k = 0 samples: the default) declares no table, not an empty one
+    assert "canary_sampled" not in names and "kextract" in names
+    sampled = design_of({"probes": {"kinds": {"canary_sampled": {"k": 4}}}}).table_names()
+    assert "canary_sampled" in sampled
 
 
 def test_registries_and_schema_enumerations_agree():

@@ -26,6 +26,8 @@ from canary_audit.data.chat_format import HEAD, NEAR, NOTAG
 
 CONTROL, CONTROL_GROUP = "control", "controls"
 TABLE = "controls"  # the table of their readings (verdicts/controls.py)
+# The one-run audit bound's controls' claim (verdicts/bound_controls.py; measure `epsilon_lower`).
+AUDIT_BOUND_CLAIM = "audit_bound"
 # Prefill arms run only on the controls group: the BIO adapter's own training
 # trace (Delta_AB's negative: the same text AUTO writes) and another author's
 # (its positive: a trace that carries another canary).

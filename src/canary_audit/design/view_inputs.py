@@ -5,9 +5,12 @@ config turns on."""
 from __future__ import annotations
 
 from canary_audit.data.chat_format import retain_form
+from canary_audit.data.inclusion import COIN
 from canary_audit.data.secrets import setting
 from canary_audit.data.synthetic import HEX_ID, IMAGE_ID, strata
+from canary_audit.design.slices import resolved_settings
 from canary_audit.model.spec import ModelSpec
+from canary_audit.probes.kinds import probe_kinds
 
 
 class Views:
@@ -85,11 +88,14 @@ class Views:
         synthetic model audits hex canaries or a model audits its own
         secrets, with exposure where some model has candidates (synthetic
         `data.n_exposure_candidates: 0`, or own secrets without a format or
-        candidates file: none) and strata with two or more repetitions."""
+        candidates file: none) and strata with two or more repetitions; the
+        one-run audit bound's where paper A's arms run on coin-drawn authors."""
         models = self.config["audit"]["models"]
         parts = {"always"}
         if any(self.templates_of(m) for m in models):
             parts |= {"paper_a"} | ({"seeds"} if len(self.config["audit"]["seeds"]) > 1 else set())
+            if self.config["data"]["inclusion"] == COIN:  # the one-run bound needs coin-drawn candidates
+                parts.add("audit")
         if self.control_variants():
             parts.add("controls")
         if any(self.recovery_targets(m, self.variants(m)) for m in models):
@@ -120,4 +126,15 @@ class Views:
         parts = self.table_parts()
         if parts - set(PARTS):
             raise ValueError(f"Design.table_parts names parts the table registry lacks: {sorted(parts - set(PARTS))}")
-        return [t.name for t in registry() if t.part in parts]
+        off = self.kinds_off()
+        return [t.name for t in registry() if t.part in parts and t.name not in off]
+
+    def kinds_off(self) -> set[str]:
+        """The tables of probe kinds this config's settings switch off (a
+        kind whose `decodes_per_member` is 0 on every model, e.g.
+        `probes.kinds.canary_sampled.k: 0`): no records can feed them, so
+        they are not this config's tables, not empty ones."""
+        settings = resolved_settings(self.config["probes"].get("kinds", {}))
+        return {t.name for k in probe_kinds() if k.decodes_per_member is not None and k.name in settings
+                and not any(k.decodes_per_member(settings[k.name], vision) for vision in (False, True))
+                for t in k.tables}

@@ -212,7 +212,7 @@ BUILT_IN: tuple[Table, ...] = (
             lambda f: with_ci(f, ["before", "after", "delta"]).select(
                 "variant", "role", "attack", "measure", "before", "after", "delta", "ceiling", "negative",
                 "testable", "retain_before", "retain_after")),)),
-    Table("audit_bound", "recovery", b.audit_bound,
+    Table("audit_bound", "audit", b.audit_bound,
         pages=(Page(
             4, "One-run audit bound", "With 95% confidence the training leaked at least epsilon_lower (delta = 0) "
             "about which coin-included author canaries it saw: a lower bound, which can show leakage and never its "

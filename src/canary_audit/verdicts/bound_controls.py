@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from canary_audit.data.planted_controls import CLEAN, FALSE_ALARM, MISSED, NOT_READ, SEEN
+from canary_audit.data.planted_controls import AUDIT_BOUND_CLAIM, CLEAN, FALSE_ALARM, MISSED, NOT_READ, SEEN
 from canary_audit.verdicts.controls import COLUMNS
 from canary_audit.views.audit_bound import ANY, epsilon_lower
 
-CLAIM = "audit_bound"
+CLAIM = AUDIT_BOUND_CLAIM
 CONSTRUCTION = ("the memorized adapter, trained on exactly the coin-included candidates (the audited model, not a "
                 "separate plant); negative: its never-trained reference on the same candidates")
 

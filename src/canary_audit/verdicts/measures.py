@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from canary_audit.data.planted_controls import AUDIT_BOUND_CLAIM
 from canary_audit.verdicts import papers
 from canary_audit.verdicts.intervals import CONTINUOUS, DIFFERENCE, RATE
 from canary_audit.verdicts.readings import Ours, Run
@@ -78,7 +79,7 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
            scale=RATE),
     _value("epsilon_lower", "the one-run audit bound on epsilon (delta = 0) at 95% over the coin-included author "
            "canaries, the best membership score (audit_bound; data.inclusion coin)", "audit_bound", "epsilon_lower",
-           rows={"score": "any"}, ceiling="cap", bound=True),
+           rows={"score": "any"}, ceiling="cap", control=AUDIT_BOUND_CLAIM, bound=True),
     _value("bypass_gap", "thk_leak - out_acc (canary_leakage)", "canary_leakage", "gap", rows={"arm": "auto"},
            pooled="gap", control="bypass_gap", scale=DIFFERENCE),
     _value("delta_ab", "out_acc(AUTO) - out_acc(prefill contrast) at fixed weights (prefill_arms)", "prefill_arms",

@@ -347,8 +347,8 @@ def planted(run: Run, control: str | None, positive: str | None = None) -> str:
     if control is None:
         return "no control for this measure"
     controls = run.table("controls")
-    rows = controls.filter((pl.col("claim") == control) & pl.col("positive").str.contains(positive or "")
-                           ) if controls is not None else None
+    rows = controls.filter(pl.col("claim") == control, *([pl.col("positive").str.contains(positive)] if positive
+                                                          else [])) if controls is not None else None
     if rows is None or rows.is_empty():
         return "no control in this run"
     # A paper B model whose plants the run left out is named, not covered by another's.

@@ -32,7 +32,7 @@ from canary_audit.views.recovery import held_out
 # detection floor, the hex probes (with their exposure candidates and
 # repetition strata), paper B's bSFT grid (and its merged-vs-stacked pairs),
 # and the field's measures over any token records (`always`).
-PARTS = ("paper_a", "seeds", "controls", "recovery", "floor", "hex", "exposure", "strata", "bsft",
+PARTS = ("paper_a", "seeds", "controls", "recovery", "audit", "floor", "hex", "exposure", "strata", "bsft",
          "merged_vs_stacked", "always")
 Built = tuple[str, pl.DataFrame]
 
