@@ -55,7 +55,7 @@ def test_every_job_went_through_sbatch_and_finished(slurm_run, smoke_run):
     local = run_snakemake(smoke_run, "-n", "-F", "--quiet", "rules", extra_configs=(TEXT_ONLY,)).stdout
     per_rule = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", local, re.M)}
     planned = per_rule["total"] - per_rule["all"]  # `all` is a local rule
-    assert len(ids) == len(set(ids)) == planned > 30
+    assert len(ids) == len(set(ids)) == planned > 20
     sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
                            capture_output=True, text=True, check=True, timeout=60).stdout
     states = dict(line.split("|", 1) for line in sacct.split())
@@ -68,11 +68,14 @@ def test_every_job_went_through_sbatch_and_finished(slurm_run, smoke_run):
 
 
 def test_records_equal_a_local_run(slurm_run, smoke_run):
+    import polars as pl
+
     workdir, _ = slurm_run
     there = records(workdir)
-    here = {name: frame for name, frame in records(smoke_run).items() if name in there}
-    # the text model's 4 probe groups x 2 passes (no META adapter, no planted control:
-    # tests/cluster/text_only.yaml), each equal to the full smoke run's
-    assert here.keys() == there.keys() and len(here) == 8
+    # the text model's base and BIO memorization groups x 2 passes (tests/cluster/text_only.yaml),
+    # each equal to the full smoke run's rows of the same variants (its groups hold more of them)
+    here = {name: frame.filter(pl.col("variant").is_in(there[name]["variant"].unique().to_list()))
+            for name, frame in records(smoke_run).items() if name in there}
+    assert here.keys() == there.keys() and len(here) == 4
     for name, frame in here.items():
-        assert frame.equals(there[name]), f"{name} differs between the SLURM run and the local run"
+        assert there[name].height and frame.equals(there[name]), f"{name} differs from the local run"
