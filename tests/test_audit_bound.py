@@ -222,3 +222,37 @@ def test_the_bounds_controls_read_the_memorized_adapter_seen_and_its_reference_c
     flipped = bound_controls(pl.DataFrame([row("m/mem-bio-s0", 20, 10), row("m/reference-meta-s0", 20, 20)]),
                              variants, refs).row(0, named=True)
     assert (flipped["positive_verdict"], flipped["negative_verdict"]) == (MISSED, FALSE_ALARM)
+
+
+@pytest.mark.workflow
+def test_a_smoke_scale_audit_judges_claims_on_the_bound_and_reads_its_controls(tmp_path):
+    """tests/audit.yaml (40 coin-drawn candidates, the text model's BIO arm,
+    one NPO run): the audit_bound table has the memorized parent's, the
+    unlearned checkpoint's and the reference's rows with their guesses; the
+    claim that the memorized adapter certifies epsilon >= 0.5 holds, "the
+    reference below 0.5" reads `inconclusive` (a lower bound cannot show
+    absence) and 2.0, past the 40 candidates' cap, `not testable`; the
+    bound's controls read seen / clean; the summary says what the bound
+    means.  Checked on data seeds 0, 1 and 2 (coins redrawn with the data):
+    the memorized bound 1.10 / 1.25 / 1.10 against the claim's 0.5, Holm
+    p 0.0024 / 0.00006 / 0.0024."""
+    import polars as pl
+    from conftest import ROOT, run_snakemake
+
+    from canary_audit.data.planted_controls import AUDIT_BOUND_CLAIM, CLEAN, SEEN
+    from canary_audit.views.audit_bound import ANY
+
+    run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "audit.yaml",))
+    results = tmp_path / "results" / "audit"
+    bound = pl.read_csv(results / "tables" / "audit_bound.csv").filter(pl.col("score") == ANY)
+    rows = {r["variant"]: r for r in bound.iter_rows(named=True)}
+    assert {"tiny/mem-bio-s0", "tiny/npo-bio-s0-k5", "tiny/reference-meta-s0"} <= rows.keys()
+    assert all(r["guesses"] >= r["correct"] >= 0 and r["candidates"] == 40 for r in rows.values())
+    memorized = rows["tiny/mem-bio-s0"]["epsilon_lower"]
+    print(f"memorized bound {memorized:.3f}, margin over the claim's 0.5: {memorized - 0.5:.3f}")
+    assert rows["tiny/reference-meta-s0"]["epsilon_lower"] == 0.0 < 0.5 < memorized < rows["tiny/mem-bio-s0"]["cap"]
+    verdicts = dict(pl.read_csv(results / "claims.csv").select("id", "verdict").iter_rows())
+    assert verdicts == {"memorized_leaks": "holds", "reference_clean": "inconclusive", "past_the_cap": "not testable"}
+    controls = pl.read_csv(results / "tables" / "controls.csv").filter(pl.col("claim") == AUDIT_BOUND_CLAIM)
+    assert controls.select("positive_verdict", "negative_verdict").rows() == [(SEEN, CLEAN)]
+    assert "a lower bound, which can show leakage and never its absence" in (results / "summary.md").read_text()

@@ -95,7 +95,7 @@ class Views:
         if any(self.templates_of(m) for m in models):
             parts |= {"paper_a"} | ({"seeds"} if len(self.config["audit"]["seeds"]) > 1 else set())
             if self.config["data"]["inclusion"] == COIN:  # the one-run bound needs coin-drawn candidates
-                parts.add("audit")
+                parts |= {"audit", "controls"}  # its controls are the audited models (verdicts/bound_controls.py)
         if self.control_variants():
             parts.add("controls")
         if any(self.recovery_targets(m, self.variants(m)) for m in models):

@@ -231,16 +231,21 @@ def audit_bound(ctx: Context) -> Built | None:
 
 
 def controls(ctx: Context) -> Built | None:
-    if not ctx.controls:  # paper B's plants are read without paper A's records (configs/floor80.yaml)
-        return None
-    twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in ctx.variants.items()
-             if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
-    spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
+    """The planted controls' rows, the recovery attacks' and the one-run
+    bound's: the bound's controls are the audited models themselves, so they
+    are read even where no plant was trained (paper A's controls off)."""
     recovery = ctx.built.get("recovery")
     bound = ctx.built.get("audit_bound")
-    table = pl.concat([controls_table(run(ctx), ctx.cfg.get("controls", {}), spill),
-                       recovery_controls(recovery[1] if recovery else None),
-                       bound_controls(bound[1] if bound else None, ctx.variants, ctx.cfg.get("references", {}))])
+    tables = [recovery_controls(recovery[1] if recovery else None),
+              bound_controls(bound[1] if bound else None, ctx.variants, ctx.cfg.get("references", {}))]
+    if ctx.controls:  # paper B's plants are read without paper A's records (configs/floor80.yaml)
+        twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in ctx.variants.items()
+                 if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
+        spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
+        tables.insert(0, controls_table(run(ctx), ctx.cfg.get("controls", {}), spill))
+    table = pl.concat(tables)
+    if not table.height:
+        return None
     return (f"Planted controls: each claim's positive control (the effect by construction) and negative (built the "
             f"same way without it), read by the papers' own readings from the tables above ({ctx.ci}); spill_over: "
             f"mean |Delta NLL| per token of the prefilled trace against the BIO twin (a positive above {SPILL_BOUND} "
