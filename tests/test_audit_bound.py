@@ -155,6 +155,37 @@ def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
     assert ref["epsilon_lower"] == 0.0
 
 
+
+def test_the_guesses_table_holds_every_grid_point_and_the_plot_draws_it():
+    """The bound at each (k+, k-) of the grid at the level the table spends:
+    its best per score is the audit_bound row, `all_right` is the bound had
+    every guess been right; the plot draws one line per variant against the
+    number of guesses beside that ceiling, and says so where there is none."""
+    import polars as pl
+
+    from canary_audit.publish.attack_plots import audit_bound_figure
+    from canary_audit.views.audit_bound import bound_table, guesses_table
+    from canary_audit.views.mia import ATTACKS
+
+    rng = np.random.default_rng(1)
+    members = rng.random(40) < 0.5
+    scores = pl.DataFrame(_scores("m/mem", members, members.astype(float), rng)
+                          + _scores("m/ref", members, rng.normal(size=40), rng))
+    shares = [0.1, 0.25, 0.5, 1.0]
+    grid = guesses_table(scores, "prefill_bio", shares, BETA)
+    table = bound_table(scores, "prefill_bio", shares, BETA)
+    assert grid.height == 2 * len(ATTACKS) * 4 and sorted(set(grid["guesses"])) == [4, 10, 20, 40]
+    best = grid.group_by("variant", "score").agg(pl.col("epsilon_lower").max())
+    per_score = table.filter(pl.col("score") != "any").select("variant", "score", "epsilon_lower")
+    assert best.sort("variant", "score").equals(per_score.sort("variant", "score"))
+    level = grid["beta"][0]
+    assert grid["all_right"].to_list() == [epsilon_lower(g, g, level) for g in grid["guesses"]]
+    assert (grid["epsilon_lower"] <= grid["all_right"]).all()
+    fig = audit_bound_figure(grid, {})
+    labels = [line.get_label() for line in fig.axes[0].lines]
+    assert labels[:2] == ["mem", "ref"] and fig.axes[0].lines[0].get_xdata().tolist() == [4, 10, 20, 40]
+    assert "no one-run audit bound" in audit_bound_figure(grid.clear(), {}).axes[0].texts[0].get_text()
+
 def test_claims_on_the_bound_hold_above_it_never_below_and_not_past_its_cap():
     """`epsilon_lower` claims are judged on the bound's exact one-sided
     interval: "at least 1" holds where the bound certifies it, "below 1.5"
@@ -256,3 +287,7 @@ def test_a_smoke_scale_audit_judges_claims_on_the_bound_and_reads_its_controls(t
     controls = pl.read_csv(results / "tables" / "controls.csv").filter(pl.col("claim") == AUDIT_BOUND_CLAIM)
     assert controls.select("positive_verdict", "negative_verdict").rows() == [(SEEN, CLEAN)]
     assert "a lower bound, which can show leakage and never its absence" in (results / "summary.md").read_text()
+    grid = pl.read_csv(results / "tables" / "audit_bound_guesses.csv")
+    assert grid.group_by("variant").agg(pl.col("epsilon_lower").max()).filter(
+        pl.col("variant") == "tiny/mem-bio-s0")["epsilon_lower"].item() == pytest.approx(memorized)
+    assert (results / "plots" / "audit_bound.png").stat().st_size > 10000

@@ -119,7 +119,7 @@ def test_the_relearning_plot_draws_recall_against_the_budget(tmp_path):
     each twin's out_acc at step 0 (before) and after each budget."""
     from conftest import ROOT
 
-    from canary_audit.publish.plots import relearning_figure
+    from canary_audit.publish.attack_plots import relearning_figure
 
     recovery = pl.read_csv(ROOT / "tests" / "data" / "recovery_run" / "recovery.csv", infer_schema_length=None)
     fig = relearning_figure(recovery, {})

@@ -23,7 +23,7 @@ from canary_audit.verdicts.controls import (
 )
 from canary_audit.verdicts.readings import Run
 from canary_audit.views import paper_a, paper_b
-from canary_audit.views.audit_bound import bound_table
+from canary_audit.views.audit_bound import bound_table, guesses_table
 from canary_audit.views.blind import FOLDS, mark, withhold_privleak
 from canary_audit.views.exposure import exposure_table
 from canary_audit.views.extraction import extraction_table
@@ -211,23 +211,42 @@ def recovery(ctx: Context) -> Built | None:
             f"memorized parent (`ceiling`) and its never-trained reference (`negative`); {ctx.ci}", table)
 
 
-def audit_bound(ctx: Context) -> Built | None:
-    """The one-run bound (views/audit_bound.py) of each variant's author
-    canaries, built only where the coins drew the forget set
-    (`data.inclusion: coin`): on a fixed split the theorem's premise, a
-    fair coin per candidate, does not hold, so no bound is given."""
+def _bound(ctx: Context, view) -> pl.DataFrame | None:
+    """`view` (views/audit_bound.py: `bound_table`, `guesses_table`) over
+    the author canaries' scores, skipping a relearning on a share of the
+    members; None where no bound is given: only where the coins drew the
+    forget set (`data.inclusion: coin`), since on a fixed split the
+    theorem's premise, a fair coin per candidate, does not hold."""
     settings = ctx.cfg.get("audit_bound")
     if settings is None or ctx.cfg.get("inclusion") != COIN or ctx.mia is None or not ctx.tokens.height:
         return None
     relearned = {name for name, v in ctx.variants.items() if v.get("relearned")}
-    table = bound_table(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned)
-    if not table.height:
+    table = view(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned)
+    return table if table.height else None
+
+
+def audit_bound(ctx: Context) -> Built | None:
+    """The one-run bound of each variant's author canaries."""
+    table = _bound(ctx, bound_table)
+    if table is None:
         return None
+    settings = ctx.cfg["audit_bound"]
     return (f"One-run audit bound (Steinke, Nasr and Jagielski 2023): a lower bound on epsilon (delta = 0) at "
             f"{1 - settings['beta']:.0%} confidence from guessing which author canaries were coin-included "
             f"(the LOSS, zlib, Min-K% and Min-K%++ scores under prefill_{ctx.contrast}, the k+ highest guessed "
             f"members and the k- lowest non-members over the grid of shares {settings['shares']}; Bonferroni over "
             f"the grid and the scores); `cap`: every candidate guessed right", table)
+
+
+def audit_bound_guesses(ctx: Context) -> Built | None:
+    """The bound at each number of guesses of the grid (the audit_bound
+    plot's points), per variant and score."""
+    table = _bound(ctx, guesses_table)
+    if table is None:
+        return None
+    return (f"The one-run audit bound at each (k+, k-) of the grid of shares {ctx.cfg['audit_bound']['shares']}, "
+            f"per variant and score, at the corrected level the audit_bound table spends (its row per score is the "
+            f"best here); all_right: the bound had every one of those guesses been right", table)
 
 
 def controls(ctx: Context) -> Built | None:

@@ -219,6 +219,7 @@ BUILT_IN: tuple[Table, ...] = (
             "absence (a bound of 0 is not a proof of privacy), capped by the candidates (`cap`).",
             lambda f: f.filter(pl.col("score") == "any").select(
                 "variant", "picked", "candidates", "members", "guesses", "correct", "epsilon_lower", "cap")),)),
+    Table("audit_bound_guesses", "audit", b.audit_bound_guesses, plots=("audit_bound",)),
     Table(CONTROLS_TABLE, "controls", b.controls,
         pages=(Page(
             1, "Planted controls", "Each claim's positive control holds the effect by construction, its negative is "

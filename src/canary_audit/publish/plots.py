@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from canary_audit.data.relearn import ATTACK_PREFIX
+from canary_audit.publish.attack_plots import audit_bound_figure, relearning_figure
 from canary_audit.publish.catalog import registry
+from canary_audit.publish.figure_kit import empty_figure, error_bars, pyplot
 from canary_audit.publish.table_files import concat_records
 from canary_audit.views.metrics import position_deltas
 from canary_audit.views.mia import ATTACKS, item_scores, roc_curve
@@ -27,22 +28,6 @@ MATRIX_PROBES = (("v_window", "Delta mean-K"), ("v_secret", "Delta secret"), ("v
                  ("v_hitk", "hit@k"), ("v_decoy", "decoy contrast"))
 RATES = (("out_acc", "out_acc (answer)", "tab:blue"), ("thk_leak", "thk_leak (trace)", "tab:orange"),
          ("gap", "gap = thk - out", "tab:green"))
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _empty(plt, message: str):
-    fig, ax = plt.subplots(figsize=(5, 1.5))
-    ax.axis("off")
-    ax.text(0.5, 0.5, message, ha="center", va="center")
-    return fig
 
 
 AUTHOR_KINDS = ("memorized", "unlearned")
@@ -61,20 +46,12 @@ def _audited(frame: pl.DataFrame, variants: dict[str, dict]) -> pl.DataFrame:
     return frame.filter(pl.col("variant").is_in(keep))
 
 
-def _err(frame: pl.DataFrame, col: str):
-    """Asymmetric error bars from `col`, `col_lo`, `col_hi` (clipped at zero length)."""
-    return [
-        (frame[col] - frame[f"{col}_lo"]).clip(lower_bound=0).to_list(),
-        (frame[f"{col}_hi"] - frame[col]).clip(lower_bound=0).to_list(),
-    ]
-
-
 def k_sweep_figure(sweep: pl.DataFrame):
     """One panel per (model, template, unlearning run, seed): out_acc, thk_leak and the
     gap against K, with their bootstrap CIs as bands."""
-    plt = _plt()
+    plt = pyplot()
     if sweep.is_empty():
-        return _empty(plt, "no unlearning runs in these records")
+        return empty_figure(plt, "no unlearning runs in these records")
     runs = sweep.select("model", "template", "run", "seed").unique().sort("model", "template", "run", "seed")
     fig, axes = plt.subplots(1, runs.height, figsize=(4 * runs.height, 3.4), squeeze=False, sharey=True)
     for ax, run in zip(axes[0], runs.iter_rows(named=True)):
@@ -95,7 +72,7 @@ def _grouped_bars(ax, frame: pl.DataFrame, groups: list[str], series: list[tuple
     width = 0.8 / max(1, len(series))
     for j, (col, label) in enumerate(series):
         xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        ax.bar(xs, frame[col].to_list(), width, label=label, yerr=_err(frame, col) if err else None, capsize=2)
+        ax.bar(xs, frame[col].to_list(), width, label=label, yerr=error_bars(frame, col) if err else None, capsize=2)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
 
@@ -103,7 +80,7 @@ def _grouped_bars(ax, frame: pl.DataFrame, groups: list[str], series: list[tuple
 def _bar_figure(frame: pl.DataFrame, labels: list[str], series: list[tuple[str, str]], title: str,
                 ylabel: str, width_per_group: float, err: bool = True, zero_line: bool = False):
     """Grouped bars, one group per label, one bar per series (with CIs when `err`)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6, width_per_group * len(labels)), 3.6))
     _grouped_bars(ax, frame, labels, series, err=err)
     if zero_line:
@@ -123,7 +100,7 @@ def prefill_arms_figure(prefill: pl.DataFrame, variants: dict[str, dict]):
     """out_acc of every arm at fixed weights, per variant, with CIs."""
     frame = _audited(prefill, variants)
     if frame.is_empty():
-        return _empty(_plt(), "no memorized variants in these records")
+        return empty_figure(pyplot(), "no memorized variants in these records")
     # (the planted controls' own arms are columns of their rows alone)
     arms = [c for c in frame.columns if (c == "auto" or c.startswith("prefill_")) and not c.endswith(("_lo", "_hi"))
             and frame[c].null_count() < frame.height]
@@ -135,7 +112,7 @@ def teacher_forced_vs_greedy_figure(tfg: pl.DataFrame, variants: dict[str, dict]
     """Greedy out_acc beside teacher-forced top-1 rate, per variant and prefill arm."""
     frame = _audited(tfg, variants)
     if frame.is_empty():
-        return _empty(_plt(), "no teacher-forced canary records")
+        return empty_figure(pyplot(), "no teacher-forced canary records")
     frame = frame.sort("variant", "arm")
     labels = [f"{v}\n{a.removeprefix('prefill_')}" for v, a in zip(_short(frame["variant"]), frame["arm"])]
     return _bar_figure(frame, labels, [("greedy_out_acc", "greedy out_acc"), ("tf_top1_rate", "teacher-forced top-1")],
@@ -146,7 +123,7 @@ def parser_conventions_figure(conventions: pl.DataFrame, variants: dict[str, dic
     """The AUTO gap of each unlearned or memorized variant under every parser convention."""
     frame = _audited(conventions, variants)
     if frame.is_empty():
-        return _empty(_plt(), "no memorized variants in these records")
+        return empty_figure(pyplot(), "no memorized variants in these records")
     names = sorted(frame["convention"].unique().to_list())
     wide = frame.pivot(on="convention", index="variant", values="gap").sort("variant")
     return _bar_figure(wide, _short(wide["variant"]), [(c, c) for c in names],
@@ -158,9 +135,9 @@ def delta_nll_figure(deltas: pl.DataFrame, window_k: int):
     """Heat map: rows = (variant, probe set), columns = token position over
     preamble + secret, colour = mean Delta NLL against the parent; the line
     marks the end of the mean-K window."""
-    plt = _plt()
+    plt = pyplot()
     if deltas.is_empty():
-        return _empty(plt, "no hex-canary token records with a parent")
+        return empty_figure(plt, "no hex-canary token records with a parent")
     deltas = deltas.with_columns(probe_set=pl.col("probe_set") + pl.when(pl.col("modality") == "image")
                                  .then(pl.lit(" (image)")).otherwise(pl.lit("")))
     rows = deltas.select("variant", "probe_set").unique().sort("variant", "probe_set")
@@ -187,9 +164,9 @@ def delta_nll_figure(deltas: pl.DataFrame, window_k: int):
 def disagreement_figure(matrix: pl.DataFrame):
     """Cell x probe grid coloured by verdict (up / down / unchanged), the
     probe's Delta written in each square, and the diagnosis beside each row."""
-    plt = _plt()
+    plt = pyplot()
     if matrix.is_empty():
-        return _empty(plt, "no bSFT cells in these records")
+        return empty_figure(plt, "no bSFT cells in these records")
     from matplotlib.colors import to_rgb
 
     rows = matrix.sort("model", "modality", "canary_seed", "cell")
@@ -231,12 +208,12 @@ def roc_figure(scores: pl.DataFrame, variants: dict[str, dict]):
     non-member records, on log-log axes (the low-FPR region is what an
     auditor reads; Carlini et al. 2022), for the base model, the canary
     LoRA and its undertrained copy of each model and modality."""
-    plt = _plt()
+    plt = pyplot()
     keep = [v for v, row in variants.items() if row.get("kind") in ROC_KINDS]
     chosen = scores.filter(pl.col("variant").is_in(keep) & (pl.col("population") == "hex")) if scores.height \
         else scores
     if chosen.is_empty():
-        return _empty(plt, "no membership-inference records (hex canaries and non-members) of the base or canary")
+        return empty_figure(plt, "no membership-inference records (hex canaries and non-members) of the base or canary")
     fig, axes = plt.subplots(1, len(ATTACKS), figsize=(4 * len(ATTACKS), 4), sharey=True)
     for ax, attack in zip(axes, ATTACKS):
         for (variant, modality), part in chosen.group_by("variant", "modality", maintain_order=True):
@@ -269,17 +246,17 @@ def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
     """Secret Sharer's dose-response: each probe against how many times the
     canaries were inserted (log2 axis), with CI bars, for the base model,
     the canary LoRA and its undertrained copy of each model and modality."""
-    plt = _plt()
+    plt = pyplot()
     keep = [v for v, row in variants.items() if row.get("kind") in ROC_KINDS]
     chosen = strata.filter(pl.col("variant").is_in(keep)) if strata.height else strata
     if chosen.is_empty():
-        return _empty(plt, "one repetition stratum (`audit.hex_repetitions`): no dose-response to draw")
+        return empty_figure(plt, "one repetition stratum (`audit.hex_repetitions`): no dose-response to draw")
     panels = [(c, label) for c, label in DOSE_PANELS if c in chosen.columns]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
     for ax, (column, label) in zip(np.atleast_1d(axes), panels):
         for (variant, modality), part in chosen.sort("repetitions").group_by("variant", "modality",
                                                                             maintain_order=True):
-            ax.errorbar(part["repetitions"].to_list(), part[column].to_list(), yerr=_err(part, column),
+            ax.errorbar(part["repetitions"].to_list(), part[column].to_list(), yerr=error_bars(part, column),
                         marker="o", capsize=3,
                         label=f"{variant.split('/', 1)[1]} ({variant.split('/', 1)[0]}, {modality})")
         ax.set_xscale("log", base=2)
@@ -292,50 +269,6 @@ def dose_response_figure(strata: pl.DataFrame, variants: dict[str, dict]):
     return fig
 
 
-RELEARN_ROLES = (("unlearned", "unlearned", None), ("memorized", "memorized parent (ceiling)", "tab:blue"),
-                 ("reference", "never-trained reference (negative)", "tab:gray"),
-                 ("positive", "suppression plant (positive)", "tab:green"))
-
-
-def relearning_figure(recovery: pl.DataFrame, _variants: dict[str, dict]):
-    """Recall (out_acc, with its CI) against the relearning budget, one
-    panel per (model, seed, data): each attacked twin's value before
-    relearning at step 0, then after each budget; a `forget` relearning on
-    the held-out authors alone."""
-    plt = _plt()
-    rows = recovery.filter(pl.col("attack").str.starts_with(ATTACK_PREFIX) & (pl.col("measure") == "out_acc")) \
-        if recovery.height and "steps" in recovery.columns else pl.DataFrame()
-    if rows.is_empty():
-        return _empty(plt, "no relearning attack in this run (`recovery.relearn`)")
-    # The attack without its budget (data/relearn.attack_name ends in `-t<steps>`): one panel per data.
-    rows = rows.with_columns(data=pl.col("attack").str.strip_suffix(pl.format("-t{}", pl.col("steps"))))
-    panels = rows.select("model", "seed", "data").unique().sort("model", "seed", "data")
-    fig, axes = plt.subplots(1, panels.height, figsize=(4.5 * panels.height, 3.6), squeeze=False, sharey=True)
-    for ax, panel in zip(axes[0], panels.iter_rows(named=True)):
-        part = rows.filter(**panel)
-        for role, label, colour in RELEARN_ROLES:
-            lines = part.filter(pl.col("role") == role).sort("steps").group_by("twin", maintain_order=True)
-            for (twin,), line in lines:
-                start = line.head(1).select("before", "before_lo", "before_hi").rename(
-                    {"before": "after", "before_lo": "after_lo", "before_hi": "after_hi"})
-                points = pl.concat([start.with_columns(steps=pl.lit(0, pl.Int64)),
-                                    line.select("steps", "after", "after_lo", "after_hi")], how="diagonal")
-                own = role == "unlearned"  # one line per unlearned checkpoint, in colours of its own
-                ax.errorbar(points["steps"].to_list(), points["after"].to_list(), yerr=_err(points, "after"),
-                            marker="s" if own else "o", capsize=3, color=None if own else colour,
-                            label=f"{twin.split('/', 1)[-1]}" if own else label)
-                label = None  # one legend entry per control role
-        ax.set_xlabel("relearning steps")
-        ax.set_title(f"{panel['model']} s{panel['seed']}: {panel['data']}", fontsize=9)
-        ax.set_ylim(-0.05, 1.05)
-    axes[0][0].set_ylabel("out_acc (held-out authors for `forget`)")
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7)
-    fig.suptitle("Recall against the relearning budget (author-clustered CIs)")
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
-    return fig
-
-
 # Plot name -> its figure, given its table's frame and the variant table.
 TABLE_FIGURES: dict[str, Callable[[pl.DataFrame, dict], object]] = {
     "k_sweep": lambda frame, _: k_sweep_figure(frame),
@@ -345,6 +278,7 @@ TABLE_FIGURES: dict[str, Callable[[pl.DataFrame, dict], object]] = {
     "disagreement_matrix": lambda frame, _: disagreement_figure(frame),
     "dose_response": dose_response_figure,
     "relearning": relearning_figure,
+    "audit_bound": audit_bound_figure,
 }
 PLOTS = (*(plot for t in registry() for plot in t.plots), *RECORD_PLOTS)
 
@@ -374,8 +308,8 @@ def write_plots(tables_dir: Path, tokens: pl.DataFrame, cfg: dict, out_dir: Path
                         cfg.get("parents", {})), cfg["window_k"])
     figures["mia_roc"] = roc_figure(item_scores(tokens, cfg["mia"]["min_k"]), variants) \
         if tokens.height and "mia" in cfg \
-        else _empty(_plt(), "no token records or no membership-inference settings (`mia`: min_k)")
-    plt = _plt()
+        else empty_figure(pyplot(), "no token records or no membership-inference settings (`mia`: min_k)")
+    plt = pyplot()
     for name, fig in figures.items():
         tmp = out_dir / f".{name}.tmp.png"
         fig.savefig(tmp, dpi=110)

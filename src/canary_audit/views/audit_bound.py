@@ -161,16 +161,9 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
     schema = {"variant": pl.Utf8, "score": pl.Utf8, "picked": pl.Utf8, "candidates": pl.Int64, "members": pl.Int64,
               "k_plus": pl.Int64, "k_minus": pl.Int64, "guesses": pl.Int64, "correct": pl.Int64,
               "tests": pl.Int64, "beta": pl.Float64, "epsilon_lower": pl.Float64, "cap": pl.Float64}
-    if scores is None or not scores.height:
-        return pl.DataFrame(schema=schema)
-    chosen = scores.filter((pl.col("population") == "author") & (pl.col("arm") == arm))
     rows = []
-    for variant in sorted(set(chosen["variant"].to_list()) - set(skipped)):
-        part = chosen.filter(pl.col("variant") == variant).sort("probe_set", "item_id")
-        members = part["member"].to_numpy()
+    for variant, part, members in _candidates(scores, arm, skipped):
         r = part.height
-        if not members.any() or members.all():
-            continue
         grid = grid_of(r, shares)
         level = beta / (len(grid) * len(ATTACKS))
         best = None
@@ -183,4 +176,42 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
             if best is None or (g.epsilon, -g.guesses) > (best["epsilon_lower"], -best["guesses"]):
                 best = row
         rows.append({**best, "score": ANY})
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _candidates(scores: pl.DataFrame | None, arm: str, skipped: set[str]):
+    """Per variant with both members and non-members among its author
+    canaries under prefill `arm`: its score rows in a fixed order (ties
+    broken by item, never by membership) and the membership vector."""
+    if scores is None or not scores.height:
+        return
+    chosen = scores.filter((pl.col("population") == "author") & (pl.col("arm") == arm))
+    for variant in sorted(set(chosen["variant"].to_list()) - set(skipped)):
+        part = chosen.filter(pl.col("variant") == variant).sort("probe_set", "item_id")
+        members = part["member"].to_numpy()
+        if members.any() and not members.all():
+            yield variant, part, members
+
+
+def guesses_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta: float,
+                  skipped: set[str] = frozenset()) -> pl.DataFrame:
+    """The bound at every (k+, k-) of the grid, per variant and score, at
+    the corrected level `bound_table` spends (so its row per score is this
+    table's best), beside `all_right`: the bound had every one of those
+    guesses been right.  What the plot of the bound against the number of
+    guesses draws: how far each model is from what its guesses could show,
+    and whether more guesses would have helped."""
+    schema = {"variant": pl.Utf8, "score": pl.Utf8, "candidates": pl.Int64, "k_plus": pl.Int64,
+              "k_minus": pl.Int64, "guesses": pl.Int64, "correct": pl.Int64, "beta": pl.Float64,
+              "epsilon_lower": pl.Float64, "all_right": pl.Float64}
+    rows = []
+    for variant, part, members in _candidates(scores, arm, skipped):
+        grid = grid_of(part.height, shares)
+        level = beta / (len(grid) * len(ATTACKS))
+        for score in ATTACKS:
+            for k_plus, k_minus in grid:
+                g = guess(part[score].to_numpy(), members, k_plus, k_minus, level)
+                rows.append({"variant": variant, "score": score, "candidates": part.height, "k_plus": k_plus,
+                             "k_minus": k_minus, "guesses": g.guesses, "correct": g.correct, "beta": level,
+                             "epsilon_lower": g.epsilon, "all_right": epsilon_lower(g.guesses, g.guesses, level)})
     return pl.DataFrame(rows, schema=schema)
