@@ -211,7 +211,7 @@ def recovery(ctx: Context) -> Built | None:
             f"memorized parent (`ceiling`) and its never-trained reference (`negative`); {ctx.ci}", table)
 
 
-def _bound(ctx: Context, view) -> pl.DataFrame | None:
+def _bound(ctx: Context, view: Callable[..., pl.DataFrame]) -> pl.DataFrame | None:
     """`view` (views/audit_bound.py: `bound_table`, `guesses_table`) over
     the author canaries' scores, skipping a relearning on a share of the
     members; None where no bound is given: only where the coins drew the

@@ -29,6 +29,7 @@ are independent of membership, and both fail with the wrong binomial tail.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,7 +180,8 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
     return pl.DataFrame(rows, schema=schema)
 
 
-def _candidates(scores: pl.DataFrame | None, arm: str, skipped: set[str]):
+def _candidates(scores: pl.DataFrame | None, arm: str,
+                skipped: set[str]) -> Iterator[tuple[str, pl.DataFrame, np.ndarray]]:
     """Per variant with both members and non-members among its author
     canaries under prefill `arm`: its score rows in a fixed order (ties
     broken by item, never by membership) and the membership vector."""
