@@ -118,14 +118,20 @@ def guess(scores: np.ndarray, members: np.ndarray, k_plus: int, k_minus: int, be
     return Guesses(k_plus, k_minus, guesses, correct, beta, epsilon_lower(guesses, correct, beta))
 
 
+def search_level(beta: float, grid: list[tuple[int, int]], tried: int = 1) -> float:
+    """The level each (k+, k-) of `grid` is tried at, for each of `tried`
+    scores searched alike: Bonferroni, so the best of them holds at beta."""
+    if not grid:
+        raise ValueError("an empty grid of (k+, k-) guesses: name at least one")
+    return beta / (len(grid) * tried)
+
+
 def search_bound(scores: np.ndarray, members: np.ndarray, grid: list[tuple[int, int]], beta: float = 0.05,
                  tried: int = 1) -> Guesses:
     """The best bound over a grid of (k+, k-), each at beta / (len(grid) *
     `tried`): Bonferroni over the grid and over the `tried` scores searched
     alike, so the bound reported holds at 1 - beta whichever was picked."""
-    if not grid:
-        raise ValueError("an empty grid of (k+, k-) guesses: name at least one")
-    level = beta / (len(grid) * tried)
+    level = search_level(beta, grid, tried)
     return max((guess(scores, members, kp, km, level) for kp, km in grid), key=lambda g: (g.epsilon, -g.guesses))
 
 
@@ -166,7 +172,7 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
     for variant, part, members in _candidates(scores, arm, skipped):
         r = part.height
         grid = grid_of(r, shares)
-        level = beta / (len(grid) * len(ATTACKS))
+        level = search_level(beta, grid, len(ATTACKS))
         best = None
         for score in ATTACKS:
             g = search_bound(part[score].to_numpy(), members, grid, beta, tried=len(ATTACKS))
@@ -209,7 +215,7 @@ def guesses_table(scores: pl.DataFrame | None, arm: str, shares: list[float], be
     rows = []
     for variant, part, members in _candidates(scores, arm, skipped):
         grid = grid_of(part.height, shares)
-        level = beta / (len(grid) * len(ATTACKS))
+        level = search_level(beta, grid, len(ATTACKS))
         for score in ATTACKS:
             for k_plus, k_minus in grid:
                 g = guess(part[score].to_numpy(), members, k_plus, k_minus, level)
