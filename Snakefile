@@ -41,8 +41,15 @@ onerror:
     warm.stop_for_workflow()
 
 
+# The views run on the host running Snakemake, not through a cluster's
+# queue: each is seconds of polars (or matplotlib) over the records, less
+# than one queue wait and status poll (docs/slurm.md).
 localrules:
     all,
+    tables,
+    plots,
+    claims,
+    summary,
 
 
 rule all:
