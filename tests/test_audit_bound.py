@@ -265,8 +265,8 @@ def test_a_smoke_scale_audit_judges_claims_on_the_bound_and_reads_its_controls(t
     absence) and 2.0, past the 40 candidates' cap, `not testable`; the
     bound's controls read seen / clean; the summary says what the bound
     means.  Checked on data seeds 0, 1 and 2 (coins redrawn with the data):
-    the memorized bound 1.10 / 1.25 / 1.10 against the claim's 0.5, Holm
-    p 0.0024 / 0.00006 / 0.0024."""
+    the memorized bound 0.72 / 1.10 / 1.10 against the claim's 0.5, Holm
+    p 0.013 / 0.0024 / 0.0024."""
     import polars as pl
     from conftest import ROOT, run_snakemake
 
