@@ -75,6 +75,9 @@ def test_the_plan_counts_the_members_the_coins_kept():
 
 
 def test_docs_figures_of_the_audit_config_are_the_codes():
+    """docs/measures.md's members and caps, for the default's 40 candidates
+    and configs/audit.yaml's, are what the coins and views/audit_bound give."""
+    import yaml
     from conftest import ROOT
 
     from canary_audit.views.audit_bound import cap, grid_of
@@ -82,8 +85,17 @@ def test_docs_figures_of_the_audit_config_are_the_codes():
 
     text = " ".join((ROOT / "docs" / "measures.md").read_text().split())
     default = config_of()["data"]
-    kept = members({**default, "n_authors": 40, "seed": 0, "inclusion": COIN})
-    assert f"({kept} of 40 at data seed 0)" in text
+    audit = yaml.safe_load((ROOT / "configs" / "audit.yaml").read_text())["data"]["n_authors"]
+
+    def kept(n: int) -> int:
+        return members({**default, "n_authors": n, "seed": 0, "inclusion": COIN})
+
+    assert f"({kept(40)} of 40 at data seed 0; configs/audit.yaml's {audit} candidates keep {kept(audit)})" in text
     shares = config_of()["tables"]["audit_bound"]["shares"]
-    level = config_of()["tables"]["audit_bound"]["beta"] / (len(grid_of(40, shares)) * len(ATTACKS))
-    assert f"4 shares, 4 scores: {cap(40, level):.2f} at 95%" in text and len(shares) == len(ATTACKS) == 4
+
+    def searched(n: int) -> float:
+        return cap(n, config_of()["tables"]["audit_bound"]["beta"] / (len(grid_of(n, shares)) * len(ATTACKS)))
+
+    assert (f"4 shares and 4 scores at 95%: {searched(40):.2f} for 40 candidates and {searched(audit):.2f} for "
+            f"{audit}, against {cap(40):.2f} and {cap(audit):.2f} for one guess fixed in advance") in text
+    assert len(shares) == len(ATTACKS) == 4
