@@ -155,7 +155,6 @@ def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
     assert ref["epsilon_lower"] == 0.0
 
 
-
 def test_the_guesses_table_holds_every_grid_point_and_the_plot_draws_it():
     """The bound at each (k+, k-) of the grid at the level the table spends:
     its best per score is the audit_bound row, `all_right` is the bound had
@@ -185,6 +184,7 @@ def test_the_guesses_table_holds_every_grid_point_and_the_plot_draws_it():
     labels = [line.get_label() for line in fig.axes[0].lines]
     assert labels[:2] == ["mem", "ref"] and fig.axes[0].lines[0].get_xdata().tolist() == [4, 10, 20, 40]
     assert "no one-run audit bound" in audit_bound_figure(grid.clear(), {}).axes[0].texts[0].get_text()
+
 
 def test_claims_on_the_bound_hold_above_it_never_below_and_not_past_its_cap():
     """`epsilon_lower` claims are judged on the bound's exact one-sided
