@@ -6,6 +6,8 @@
 rule embedded_base:
     input:
         data_files(),
+        # Coin inclusion: its tokenizer reads every candidate (model/embedded.py).
+        [AUTHOR_NONMEMBER_FILE] if PER_SEED else [],
     output:
         model=directory(LAYOUT.base_dir("{model}")),
         summary=f"{R}/models/{{model}}/base.json",

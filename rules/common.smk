@@ -14,7 +14,13 @@ from canary_audit.core.config_merge import replace_registries
 from canary_audit.core.gpus import MODEL_KINDS, detected_gpu_mem_mb, job_gpu_mem_mb
 from canary_audit.core.records import canonical_json as canonical
 from canary_audit.data.chat_format import TEMPLATES
-from canary_audit.data.io import AUTHOR_NONMEMBERS, DATA_TABLES, POPULATION_TABLES
+from canary_audit.data.inclusion import per_seed
+from canary_audit.data.io import (
+    AUTHOR_NONMEMBERS,
+    DATA_TABLES,
+    POPULATION_TABLES,
+    SEED_TABLES,
+)
 from canary_audit.data.secrets import FORMAT_FILE, OWN_TABLES
 from canary_audit.design import ConfigError, Design
 from canary_audit.design.config_files import SCHEMA
@@ -142,6 +148,25 @@ def data_dir(wildcards, input):
 
 def data_files(*tables):
     return [f"{R}/data/{t}.parquet" for t in (tables or DATA_TABLES)]
+
+
+# Coin inclusion: each training seed's forget set is its own coins' draw, in
+# its own data folder (rule seed_data, canary_audit/data/inclusion.py).
+PER_SEED = per_seed(config["data"])
+
+
+def seed_files(seed, *tables):
+    """The tables of training seed `seed`'s data folder (all with none named)."""
+    return [f"{R}/data/s{seed}/{t}.parquet" for t in (tables or SEED_TABLES)]
+
+
+def author_files(seed, *tables):
+    """The data tables a job of training seed `seed` reads: its own folder's
+    under coin inclusion, else (and for a seedless job, seed None) the
+    data folder's; all of DATA_TABLES with none named."""
+    if seed is None or not PER_SEED:
+        return data_files(*tables)
+    return seed_files(seed, *(tables or DATA_TABLES))
 
 
 def population_files():

@@ -132,6 +132,36 @@ rule author_nonmembers:
         )
 
 
+# Coin inclusion (canary_audit/data/inclusion.py): a training seed's data
+# folder, its forget set and non-members drawn by its own coins from the same
+# candidates, every other table copied, read by that seed's jobs.
+rule seed_data:
+    input:
+        data_files(),
+        population_files(),
+    output:
+        seed_files("{seed}"),
+    log:
+        logs("seed_data-s{seed}"),
+    benchmark:
+        benchmarks("seed_data-s{seed}")
+    conda:
+        ENV
+    resources:
+        **job_resources("light"),
+    params:
+        cfg=config_slice("seed_data"),
+        data=data_dir,
+        out=lambda w, output: str(Path(output[0]).parent),
+    shell:
+        command(
+            "seed_data",
+            "--params {params.cfg:q}",
+            "--data {params.data}",
+            "--out {params.out}",
+        )
+
+
 # A researcher's own secrets (models.<model>.secrets): their members,
 # non-members and candidates as the hex family's tables, with decoys and the
 # record format (canary_audit/data/secrets.py); read by that model's passes.

@@ -5,9 +5,14 @@
 
 rule export:
     input:
-        data_files("authors", "retain", "hex_canaries"),
-        population_files(),
-        AUTHOR_NONMEMBER_FILE,
+        lambda w: author_files(
+            w.seed,
+            "authors",
+            "retain",
+            "hex_canaries",
+            *POPULATION_TABLES,
+            AUTHOR_NONMEMBERS,
+        ),
         base_input,
         export_inputs,
     output:

@@ -13,7 +13,7 @@ TRAIN_JOB = (*MODEL_JOB, "--out {output}", "--threads {threads}")
 
 rule memorize:
     input:
-        data_files("authors", "qa", "retain"),
+        lambda w: author_files(w.seed, "authors", "qa", "retain"),
         base_input,
     output:
         directory(LAYOUT.adapter_dir("{model}", "mem-{template}-s{seed}")),
@@ -42,7 +42,7 @@ rule memorize:
 # retain-only plant).
 rule control_lora:
     input:
-        data_files("authors", "qa", "retain"),
+        lambda w: author_files(w.seed, "authors", "qa", "retain"),
         base_input,
     output:
         directory(LAYOUT.adapter_dir("{model}", "ctl-{plant}-s{seed}")),
@@ -196,7 +196,7 @@ rule bsft:
 
 rule unlearn:
     input:
-        data_files("authors", "qa", "retain"),
+        lambda w: author_files(w.seed, "authors", "qa", "retain"),
         base_input,
         memorized=LAYOUT.adapter_dir("{model}", "mem-{template}-s{seed}"),
         state=previous_state,
@@ -238,7 +238,7 @@ rule unlearn:
 # never-trained reference), saved at each step budget of `recovery.relearn`.
 rule relearn:
     input:
-        data_files("authors", "distractors"),
+        lambda w: author_files(relearn_twin(w).seed, "authors", "distractors"),
         base_input,
         relearn_inputs,
     output:
@@ -277,7 +277,7 @@ rule relearn:
 # adapter, trained by NPO on every author's answers.
 rule suppression:
     input:
-        data_files("authors"),
+        lambda w: author_files(relearn_twin(w).seed, "authors"),
         base_input,
         relearn_inputs,
     output:

@@ -96,6 +96,33 @@ def test_a_searched_guesser_pays_for_its_grid():
     assert np.mean(unpaid) > BETA + slack, np.mean(unpaid)
 
 
+def test_seeds_pool_into_one_bound_only_with_coins_of_their_own():
+    """Three training runs of one Laplace mechanism (epsilon = mu / b), their
+    candidates pooled into one guesser (data/inclusion.py redraws the coins
+    per seed).  With each run's own coins no guesser over-claims, even one
+    that reads a candidate's three runs together; with one draw of coins
+    shared by the runs (the candidates of every seed the same members) that
+    guesser certifies more than epsilon in most trials: why seeds sharing
+    their coins may not be pooled."""
+    rng = np.random.default_rng(5)
+    mu, b, m, runs, trials = 1.0, 1.0, 40, 3, 1000
+    own_exceed = pooled_exceed = shared_exceed = 0
+    for _ in range(trials):
+        for shared in (False, True):
+            coins = np.tile(rng.random(m) < 0.5, (runs, 1)) if shared else rng.random((runs, m)) < 0.5
+            scores = mu * coins + rng.laplace(0, b, (runs, m))
+            together = np.tile(scores.mean(axis=0), (runs, 1))  # a candidate's runs read as one
+            over = guess(together.T.ravel(), coins.T.ravel(), 15, 15).epsilon > mu / b
+            if shared:
+                shared_exceed += over
+            else:
+                own_exceed += over
+                pooled_exceed += guess(scores.ravel(), coins.ravel(), 30, 30).epsilon > mu / b
+    slack = 3 * math.sqrt(BETA * (1 - BETA) / trials)
+    assert own_exceed / trials <= BETA + slack and pooled_exceed / trials <= BETA + slack
+    assert shared_exceed / trials > 0.3, shared_exceed / trials  # measured 0.62 on this seed
+
+
 def test_a_perfect_separation_reaches_the_cap_and_bad_input_is_refused():
     members = np.array([True] * 20 + [False] * 20)
     scores = members.astype(float)
@@ -153,6 +180,36 @@ def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
     assert mem[ANY]["epsilon_lower"] == max(r["epsilon_lower"] for r in mem.values())
     ref = table.filter((pl.col("variant") == "m/ref") & (pl.col("score") == ANY)).row(0, named=True)
     assert ref["epsilon_lower"] == 0.0
+
+
+def test_a_familys_seeds_pool_into_one_row_beside_each_seeds_own():
+    """`families` (views/seeds.families) adds one row set per family with
+    two or more seeds: its candidates are every seed's, seed after seed,
+    searched like one run's; a variant outside the families, or alone in
+    its family, keeps its own rows only."""
+    import polars as pl
+
+    from canary_audit.views.audit_bound import ANY, bound_table, grid_of, guesses_table
+    from canary_audit.views.mia import ATTACKS
+
+    rng = np.random.default_rng(2)
+    coins = [rng.random(30) < 0.5 for _ in range(3)]
+    loss = [c + rng.normal(0, 0.8, 30) for c in coins]
+    rows = [r for s in range(3) for r in _scores(f"m/npo-bio-s{s}-k20", coins[s], loss[s], rng)]
+    rows += _scores("m/reference-meta-s0", coins[0], rng.normal(size=30), rng)
+    families = {f"m/npo-bio-s{s}-k20": "m/npo-bio-k20" for s in range(3)}
+    table = bound_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, families=families)
+    assert set(table["variant"]) == {*families, "m/npo-bio-k20", "m/reference-meta-s0"}
+    pooled = table.filter((pl.col("variant") == "m/npo-bio-k20") & (pl.col("score") == "loss")).row(0, named=True)
+    assert (pooled["seeds"], pooled["candidates"], pooled["members"]) == (3, 90, int(sum(c.sum() for c in coins)))
+    direct = search_bound(np.concatenate(loss), np.concatenate(coins), grid_of(90, [0.25, 1.0]), BETA,
+                          tried=len(ATTACKS))
+    assert (pooled["correct"], pooled["guesses"]) == (direct.correct, direct.guesses)
+    assert pooled["cap"] > table.filter(pl.col("variant") == "m/npo-bio-s0-k20")["cap"][0]  # 90 candidates, not 30
+    assert set(table.filter(pl.col("variant") != "m/npo-bio-k20")["seeds"]) == {1}
+    assert table.filter((pl.col("variant") == "m/npo-bio-k20") & (pl.col("score") == ANY)).height == 1
+    grid = guesses_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, families=families)
+    assert set(grid.filter(pl.col("seeds") == 3)["variant"]) == {"m/npo-bio-k20"}
 
 
 def test_the_guesses_table_holds_every_grid_point_and_the_plot_draws_it():
@@ -226,6 +283,51 @@ def test_claims_on_the_bound_hold_above_it_never_below_and_not_past_its_cap():
     assert table["epsilon_lower"][0] == pytest.approx(cap(40, BETA / 16)) and table["epsilon_lower"][1] == 0.0
     assert verdicts == {"mem_leaks": "holds", "mem_below": "contradicted", "npo_below": "inconclusive",
                         "past_cap": "not testable", "vs_parent": "not testable"}
+
+
+def test_a_claim_over_every_seed_of_a_family_reads_its_pooled_bound():
+    """Selecting a variant under each seed its family ran judges the
+    family's pooled row (each seed's own coins: one mechanism); a selection
+    of some of a family's seeds is refused (one of two families' the judge
+    refuses for every measure)."""
+    import polars as pl
+
+    from canary_audit.verdicts.bound_claims import bound_evidence, pooled_family
+    from canary_audit.verdicts.claims import parse
+    from canary_audit.verdicts.judge import claims_table
+    from canary_audit.verdicts.readings import Run
+
+    level = BETA / 16
+
+    def row(variant: str, seeds: int, candidates: int, correct: int) -> dict:
+        return {"variant": variant, "seeds": seeds, "score": "any", "picked": "loss", "candidates": candidates,
+                "members": candidates // 2, "guesses": candidates, "correct": correct, "tests": 16, "beta": level,
+                "epsilon_lower": epsilon_lower(candidates, correct, level), "cap": cap(candidates, level)}
+
+    def fields(seed: int, kind: str = "unlearned") -> dict:
+        return {"model": "m", "kind": kind, "method": "npo", "run": "npo", "template": "bio", "seed": seed, "k": 20}
+
+    variants = {**{f"m/npo-bio-s{s}-k20": fields(s) for s in (0, 1, 2)},
+                **{f"m/mem-bio-s{s}": {**fields(s, "memorized"), "k": None} for s in (0, 1, 2)}}
+    # 32 of 40 right per seed certifies 0.33; the same share pooled, 96 of 120, 0.77
+    table = pl.DataFrame([row(f"m/npo-bio-s{s}-k20", 1, 40, 32) for s in (0, 1, 2)]
+                         + [row("m/npo-bio-k20", 3, 120, 96)])
+    assert epsilon_lower(40, 32, level) < 0.5 < epsilon_lower(120, 96, level)
+    run = Run(None, {"variants": variants}, frames={"audit_bound": table})
+    every = {"run": "npo", "k": 20}
+    claims = parse([
+        {"id": "pooled", "sentence": "s", "measure": "epsilon_lower", "variants": every, "compare": 0.5,
+         "expect": "higher"},
+        {"id": "one_seed", "sentence": "s", "measure": "epsilon_lower", "variants": {**every, "seed": 1},
+         "compare": 0.5, "expect": "higher"},
+    ])
+    out = {r["id"]: r for r in claims_table(run, claims, "f").iter_rows(named=True)}
+    assert [out[k]["verdict"] for k in ("pooled", "one_seed")] == ["holds", "inconclusive"]
+    assert "s0+s1+s2: 0.771 (96 of 120 guesses right)" in out["pooled"]["per_seed"]
+    two = ["m/npo-bio-s0-k20", "m/npo-bio-s1-k20"]  # some of the family's seeds: not one mechanism's candidates
+    assert pooled_family(run, two, variants) is None
+    refused = bound_evidence(run, claims[0], None, "audit_bound", two, variants, lambda n: None)
+    assert "neither one variant nor one variant under each of its seeds" in refused
 
 
 def test_the_bounds_controls_read_the_memorized_adapter_seen_and_its_reference_clean():

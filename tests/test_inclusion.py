@@ -23,7 +23,7 @@ def test_the_coins_are_fair_seeded_and_refused_when_all_fall_alike():
     assert abs(share - 0.5) < 0.02  # 8,000 fair coins: 3.5 standard errors of 0.0056
     degenerate = next(s for s in range(100) if len(set(
         __import__("random").Random(f"inclusion:author:{s}").random() < 0.5 for _ in range(2))) == 1)
-    with pytest.raises(ValueError, match=f"all 2 coins of data.seed {degenerate} fell"):
+    with pytest.raises(ValueError, match=f"all 2 coins of data.seed {degenerate} at training seed 0 fell"):
         coins(2, degenerate)
 
 
@@ -45,6 +45,65 @@ def test_coin_inclusion_splits_one_generators_candidates_and_fixed_is_as_before(
     qa = pl.read_parquet(coin / "qa.parquet")
     assert set(qa["author_id"]) == set(kept["author_id"])  # only members are trained on
     assert (members(cfg), nonmembers(cfg)) == (kept.height, rest.height)
+
+
+def test_each_training_seed_draws_its_own_coins_and_its_own_data_folder(tmp_path):
+    """Seed 0 keeps the data seed's draw (the runs before the redraw); each
+    further seed draws anew from the same candidates.  A seed's folder holds
+    its members (authors, their QA) and the rest as non-members, every
+    other table the data folder's own; `fixed` has no such folder."""
+    from canary_audit.data.io import SEED_TABLES, write_seed_data
+
+    cfg = {**CFG, "inclusion": COIN}
+    assert included(cfg, 0) == coins(16, 3) == included(cfg)
+    draws = [included(cfg, s) for s in range(4)]
+    assert len({tuple(d) for d in draws}) == 4  # four seeds, four draws of 16 coins
+    data = tmp_path / "data"
+    write_synthetic(data, cfg)
+    write_author_nonmembers(data, data, cfg)
+    for table in ("hex_nonmembers", "hex_candidates"):  # the populations, as rule populations writes them
+        pl.DataFrame({"secret": [table]}).write_parquet(data / f"{table}.parquet")
+    write_seed_data(tmp_path / "s0", data, {**cfg, "train_seed": 0})
+    counts = write_seed_data(tmp_path / "s2", data, {**cfg, "train_seed": 2})
+    for table in SEED_TABLES:  # seed 0's folder is the data folder's split
+        assert pl.read_parquet(tmp_path / "s0" / f"{table}.parquet").equals(pl.read_parquet(data / f"{table}.parquet"))
+    kept = pl.read_parquet(tmp_path / "s2" / "authors.parquet")
+    rest = pl.read_parquet(tmp_path / "s2" / "author_nonmembers.parquet")
+    pool = syn.make_authors(16, 3, prefix="a", last_names=FICTIONAL_LAST_NAMES)
+    assert kept["author_id"].to_list() == [a.author_id for a, m in zip(pool, draws[2]) if m]
+    assert kept.vstack(rest).sort("author_id").equals(syn.authors_frame(pool))  # the same candidates
+    assert set(pl.read_parquet(tmp_path / "s2" / "qa.parquet")["author_id"]) == set(kept["author_id"])
+    assert counts["authors"] == members(cfg, 2) and counts["author_nonmembers"] == nonmembers(cfg, 2)
+    assert pl.read_parquet(tmp_path / "s2" / "retain.parquet").equals(pl.read_parquet(data / "retain.parquet"))
+    with pytest.raises(ValueError, match="under `data.inclusion: coin` only"):
+        write_seed_data(tmp_path / "f", data, {**CFG, "inclusion": "fixed", "train_seed": 1})
+
+
+def test_each_seeds_jobs_read_its_folder_and_a_job_never_mixes_seeds():
+    """Under coin inclusion a memorization group reads its seed's folder,
+    the base's the data folder, paper A's plants split by seed, and a
+    relearning's share is drawn from its own seed's members; `fixed` reads
+    the data folder throughout."""
+    from canary_audit.design import ConfigError
+
+    overrides = {"data": {"inclusion": COIN, "n_author_nonmembers": 0, "n_authors": 12},
+                 "audit": {"seeds": [0, 1]}, "controls": {"every_seed": True},
+                 "recovery": {"unlearned": [{"run": "npo", "template": "bio", "k": "max"}],
+                              "relearn": {"data": ["forget"], "steps": [5], "share": 0.25}}}
+    design, data = design_of(overrides), config_of(overrides)["data"]
+    model = design.config["audit"]["models"][0]
+    groups = design.probe_groups(model)
+    assert design.data_seed(model, groups["mem-bio-s1"]) == 1 and design.data_seed(model, groups["base"]) is None
+    assert design.data_seed(model, groups["controls-s1"]) == 1 and design.data_seed(model, groups["controls"]) == 0
+    with pytest.raises(ConfigError, match="under training seeds \\[0, 1\\] in one job"):
+        design.data_seed(model, ["mem-bio-s0", "mem-bio-s1"])
+    for seed in (0, 1):
+        chosen = {a for v in design.variant_table().values() if v.get("seed") == seed
+                  for a in (v.get("relearned") or ())}
+        assert chosen and chosen <= {f"a{i:03d}" for i, m in enumerate(included(data, seed)) if m}
+    fixed = design_of({"audit": {"seeds": [0, 1]}})
+    assert fixed.data_seed(model, fixed.probe_groups(model)["mem-bio-s1"]) is None
+    assert "controls-s1" not in fixed.probe_groups(model)
 
 
 def test_the_design_refuses_a_fixed_population_beside_the_coins_and_draws_relearning_from_members():

@@ -617,6 +617,33 @@ def test_the_cost_plan_counts_the_jobs_a_fresh_run_plans(tmp_path, layer):
     assert plan_jobs(fine, layer=layer) == planned_jobs(tmp_path, fine, layer=layer)
 
 
+def test_under_coin_inclusion_each_seeds_jobs_read_its_own_data_folder(tmp_path):
+    """Coin inclusion with two seeds (data/inclusion.py): `plan` counts the
+    seeds' data folders, and every job that reads the authors names its
+    seed's folder as `--data` (paper A's plants split by seed), the base's
+    and paper B's jobs the data folder."""
+    override = {"data": {"inclusion": "coin", "n_author_nonmembers": 0, "n_authors": 12},
+                "audit": {"seeds": [0, 1]}, "controls": {"every_seed": True}}
+    planned = planned_jobs(tmp_path, override)
+    assert plan_jobs(override) == planned and planned["seed_data"] == 2
+    out = run_snakemake(tmp_path, "-n", "-p", extra_configs=(tmp_path / "override.yaml",)).stdout
+    read = {}
+    for line in out.splitlines():
+        job = re.search(r"canary_audit (\w+) .*--data (\S+) .*--out (\S+)", line)
+        if job and job.group(1) in ("memorize", "unlearn", "control_lora", "decode_pass", "teacher_forced_pass"):
+            read[(job.group(1), job.group(3))] = job.group(2)
+    for (rule, out_path), data in read.items():
+        seed = re.search(r"(?:-s|/controls-s|/mem-\w+-s)(\d)\b", out_path)
+        group = out_path.split("/")[-2]
+        if rule.endswith("_pass") and (group == "base" or group.startswith("bsft")):
+            assert data.endswith("/data"), (rule, out_path, data)
+        else:
+            want = seed.group(1) if seed else "0"  # the first seed's plants keep the `controls` group
+            assert data.endswith(f"/data/s{want}"), (rule, out_path, data)
+    assert {r for r, _ in read} == {"memorize", "unlearn", "control_lora", "decode_pass", "teacher_forced_pass"}
+    assert sum(d.endswith("/data/s1") for d in read.values()) >= 10
+
+
 def test_a_claim_runs_only_the_claims_view_and_the_page(smoke_run):
     """Claims are judged from the finished tables: declaring one (or changing
     it) plans the claims job and the page, no model job and no table."""

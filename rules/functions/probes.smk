@@ -18,12 +18,21 @@ def probe_job_name():
     return "{variant}-{unit}" if FINE else "{group}"
 
 
+def probe_seed(wildcards):
+    """The training seed whose data folder a probe job reads (None: the
+    data folder): one seed's author probes under coin inclusion
+    (Design.data_seed); a hex-only job reads the data folder."""
+    if probe_sets(wildcards) == HEX:
+        return None
+    return design(DESIGN.data_seed, wildcards.model, probe_names(wildcards))
+
+
 def probe_data(wildcards):
     """The data a probe pass reads: a model's own secrets, or the synthetic
     data (its folder is the `--data` of the pass)."""
     if DESIGN.own_secrets(wildcards.model):
         return own_secret_files(wildcards.model)
-    return data_files()
+    return author_files(probe_seed(wildcards))
 
 
 def probe_sets(wildcards):
@@ -32,17 +41,17 @@ def probe_sets(wildcards):
 
 
 def scored_populations(wildcards):
-    """The reference populations a teacher-forced job scores: the hex ones
-    where its group runs the hex probes (with the image non-members on a
-    vision-language model), the non-member authors where it runs the author
-    probes; none apart for a model's own secrets (their folder holds their
-    non-members and candidates)."""
+    """The reference populations a teacher-forced job scores, from its data
+    folder (probe_seed): the hex ones where its group runs the hex probes
+    (with the image non-members on a vision-language model), the non-member
+    authors where it runs the author probes; none apart for a model's own
+    secrets (their folder holds their non-members and candidates)."""
     if DESIGN.own_secrets(wildcards.model):
         return []
-    sets = probe_sets(wildcards)
-    hex_ = population_files() if sets != AUTHOR_SETS else []
+    sets, seed = probe_sets(wildcards), probe_seed(wildcards)
+    hex_ = author_files(seed, *POPULATION_TABLES) if sets != AUTHOR_SETS else []
     images = [VISION_NONMEMBERS] if hex_ and DESIGN.is_vision(wildcards.model) else []
-    authors = [AUTHOR_NONMEMBER_FILE] if sets != HEX else []
+    authors = author_files(seed, AUTHOR_NONMEMBERS) if sets != HEX else []
     return hex_ + images + authors
 
 

@@ -50,6 +50,8 @@ COMMANDS: dict[str, Command] = {
     "vision_data": Command(h.vision_data, ("params", "data", "out"), "image canaries, decoys and GUI screens"),
     "vision_nonmembers": Command(h.vision_nonmembers, ("params", "data", "out"), "the image non-members"),
     "author_nonmembers": Command(h.author_nonmembers, ("params", "data", "out"), "the non-member authors"),
+    "seed_data": Command(h.seed_data, ("params", "data", "out"),
+                         "a training seed's data folder: its coins' forget set and non-members (coin inclusion)"),
     "own_secrets": Command(h.own_secrets, ("params", "out"), "a researcher's own secrets, checked and written"),
     "embedded_base": Command(h.embedded_base, ("params", "data", "threads", "out", "summary"),
                              "the embedded tiny model: tokenizer and pre-training"),

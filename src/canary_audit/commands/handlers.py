@@ -54,6 +54,12 @@ def author_nonmembers(args, params):
     return write_author_nonmembers(Path(args.out), Path(args.data), params)
 
 
+def seed_data(args, params):
+    from canary_audit.data.io import write_seed_data
+
+    return write_seed_data(Path(args.out), Path(args.data), params)
+
+
 def own_secrets(args, params):
     from canary_audit.data.secrets import write_own_secrets
 

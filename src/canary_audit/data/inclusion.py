@@ -10,12 +10,20 @@ attack can tell a candidate's membership from anything but training.
 With `fixed` (the default) every candidate is a member and the
 non-members are drawn apart (`n_author_nonmembers`), as before.
 
-The coins are drawn once from the data's seed.  Their outcome is stored
-with the data as the split of the candidates (ids `a000`.. in one
-numbering) between authors.parquet (members) and author_nonmembers.parquet
-(the rest), and a record keeps its item's membership in its probe set
-(`canary` or `author_nonmember`).  The design reads the same coins (`members`) to count
-the jobs' items and to draw a relearning's share from the members.
+The coins are redrawn for each training seed, so that seeds are independent
+runs and their candidates may be pooled into one bound (3 seeds x 100
+candidates: the cap of 300).  Training seed 0 keeps the draw from the
+data's seed alone (the coins of the runs before the redraw, whose figures
+docs/measures.md quotes); seed s > 0 draws from the data's seed and s.
+The outcome is stored with the data: `data/` holds training seed 0's split
+(what a seedless job, the base's probes, reads: the base never trained on a
+candidate, so any fair split is its own), and `data/s<seed>/` each audited
+seed's (rule seed_data), as the split of the candidates (ids `a000`.. in
+one numbering) between authors.parquet (members) and
+author_nonmembers.parquet (the rest).  A record keeps its item's membership
+in its probe set (`canary` or `author_nonmember`), read under its
+variant's seed.  The design reads the same coins (`members`) to count the
+jobs' items and to draw a relearning's share from the members.
 """
 
 from __future__ import annotations
@@ -26,32 +34,40 @@ FIXED, COIN = "fixed", "coin"
 INCLUSION = (FIXED, COIN)
 
 
-def coins(n: int, seed: int) -> list[bool]:
-    """One fair coin per candidate, seeded by the data's seed; refused when
-    every coin falls alike (no member, or no non-member, to tell apart:
-    probability 2^(1-n))."""
-    rng = random.Random(f"inclusion:author:{seed}")
+def coins(n: int, seed: int, train_seed: int = 0) -> list[bool]:
+    """One fair coin per candidate, seeded by the data's seed and the
+    training seed (seed 0: the data's seed alone); refused when every coin
+    falls alike (no member, or no non-member, to tell apart: probability
+    2^(1-n))."""
+    rng = random.Random(f"inclusion:author:{seed}" + (f":s{train_seed}" if train_seed else ""))
     flips = [rng.random() < 0.5 for _ in range(n)]
     if all(flips) or not any(flips):
-        raise ValueError(f"data.inclusion: coin: all {n} coins of data.seed {seed} fell "
-                         f"{'in' if all(flips) else 'out'}; draw another data.seed or raise data.n_authors")
+        raise ValueError(f"data.inclusion: coin: all {n} coins of data.seed {seed} at training seed {train_seed} "
+                         f"fell {'in' if all(flips) else 'out'}; draw another data.seed or raise data.n_authors")
     return flips
 
 
-def included(data: dict) -> list[bool]:
-    """Whether each of the `n_authors` candidates is in the forget set."""
+def included(data: dict, train_seed: int = 0) -> list[bool]:
+    """Whether each of the `n_authors` candidates is in training seed
+    `train_seed`'s forget set (all of them under `fixed`)."""
     if data.get("inclusion", FIXED) == FIXED:
         return [True] * data["n_authors"]
-    return coins(data["n_authors"], data["seed"])
+    return coins(data["n_authors"], data["seed"], train_seed)
 
 
-def members(data: dict) -> int:
+def members(data: dict, train_seed: int = 0) -> int:
     """The forget set's size under `data` (the candidates the coins kept)."""
-    return sum(included(data))
+    return sum(included(data, train_seed))
 
 
-def nonmembers(data: dict) -> int:
+def nonmembers(data: dict, train_seed: int = 0) -> int:
     """The author non-members' count: the coins' rejects, or `n_author_nonmembers`."""
     if data.get("inclusion", FIXED) == FIXED:
         return data["n_author_nonmembers"]
-    return data["n_authors"] - members(data)
+    return data["n_authors"] - members(data, train_seed)
+
+
+def per_seed(data: dict) -> bool:
+    """Whether the forget set differs between training seeds (coin
+    inclusion): then each seed's jobs read its own data folder."""
+    return data.get("inclusion", FIXED) == COIN

@@ -9,7 +9,7 @@ import polars as pl
 from canary_audit.core.records import write_parquet_atomic
 from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
-from canary_audit.data.inclusion import FIXED, included
+from canary_audit.data.inclusion import FIXED, included, per_seed
 from canary_audit.data.relearn import FORGET_PREFIX
 
 # The tables the data rule writes, in the order the workflow lists them.
@@ -52,11 +52,11 @@ def author_nonmember_settings(data: dict) -> dict:
     return {k: data[k] for k in keys}
 
 
-def candidates(cfg: dict) -> tuple[list[syn.Author], list[syn.Author]]:
-    """The forget set's candidates split by their inclusion (data/inclusion.py):
-    (members, the rest)."""
+def candidates(cfg: dict, train_seed: int = 0) -> tuple[list[syn.Author], list[syn.Author]]:
+    """The forget set's candidates split by their inclusion under training
+    seed `train_seed` (data/inclusion.py): (members, the rest)."""
     pool = syn.make_authors(cfg["n_authors"], cfg["seed"], prefix=FORGET_PREFIX, last_names=FICTIONAL_LAST_NAMES)
-    flags = included(cfg)
+    flags = included(cfg, train_seed)
     return [a for a, m in zip(pool, flags) if m], [a for a, m in zip(pool, flags) if not m]
 
 
@@ -128,6 +128,38 @@ def write_author_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[st
     )
     write_parquet_atomic(syn.authors_frame(nonmembers), out_dir / f"{AUTHOR_NONMEMBERS}.parquet")
     return {AUTHOR_NONMEMBERS: len(nonmembers)}
+
+
+# What a training seed's data folder holds (rule seed_data): every table a
+# job of that seed may read, the authors' own split by its coins.
+SEED_SPLIT = ("authors", "qa", AUTHOR_NONMEMBERS)
+SEED_TABLES = (*DATA_TABLES, *POPULATION_TABLES, AUTHOR_NONMEMBERS)
+
+
+def seed_data_settings(data: dict, train_seed: int) -> dict:
+    """What a training seed's data folder depends on: the synthetic data's
+    settings, the populations' counts and the seed its coins are drawn for."""
+    return {**synthetic_settings(data), **{k: data[k] for k in POPULATION_KEYS}, "train_seed": train_seed}
+
+
+def write_seed_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
+    """Training seed `cfg["train_seed"]`'s data folder under coin inclusion:
+    its forget set (authors, their QA) and non-members drawn by its own
+    coins from the same candidates, and a copy of every other table, so
+    that each job of the seed reads one folder (`--data`).  The copies are
+    the data folder's bytes, never regenerated: one draw of the rest."""
+    if not per_seed(cfg):
+        raise ValueError("a training seed's own data folder is written under `data.inclusion: coin` only "
+                         f"(here `{cfg.get('inclusion', FIXED)}`: every seed reads the data folder)")
+    authors, rest = candidates(cfg, cfg["train_seed"])
+    tables = {"authors": syn.authors_frame(authors), "qa": syn.qa_frame(authors),
+              AUTHOR_NONMEMBERS: syn.authors_frame(rest)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in SEED_TABLES:
+        frame = tables[name] if name in tables else pl.read_parquet(data_dir / f"{name}.parquet")
+        write_parquet_atomic(frame, out_dir / f"{name}.parquet")
+    return {name: pl.scan_parquet(out_dir / f"{name}.parquet").select(pl.len()).collect().item()
+            for name in SEED_TABLES}
 
 
 def load_authors(path: Path) -> list[syn.Author]:

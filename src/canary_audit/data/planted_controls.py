@@ -20,11 +20,24 @@ leaves out the kind `control` (readings.Run.audited, tables.build_tables).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from canary_audit.data.chat_format import HEAD, NEAR, NOTAG
 
 CONTROL, CONTROL_GROUP = "control", "controls"
+
+
+def control_group(seed: int, own: bool) -> str:
+    """The probe group of paper A's plants under training seed `seed`: one
+    group, or under coin inclusion (`own`: each seed its own forget set,
+    data/inclusion.py) one per seed after the first."""
+    return f"{CONTROL_GROUP}-s{seed}" if own else CONTROL_GROUP
+
+
+def is_control_group(group: str | None) -> bool:
+    """Whether `group` holds paper A's plants (`control_group`)."""
+    return group is not None and re.fullmatch(rf"{CONTROL_GROUP}(-s\d+)?", group) is not None
 TABLE = "controls"  # the table of their readings (verdicts/controls.py)
 # The one-run audit bound's controls' claim (verdicts/bound_controls.py; measure `epsilon_lower`).
 AUDIT_BOUND_CLAIM = "audit_bound"

@@ -195,7 +195,8 @@ class Checks:
                               "`data.inclusion: coin` makes the candidates the coins leave out the non-members; "
                               "set it to 0")
         try:
-            coins(data["n_authors"], data["seed"])
+            for seed in {0, *self.config["audit"]["seeds"]}:  # data/: seed 0's split; data/s<seed>/ each seed's
+                coins(data["n_authors"], data["seed"], seed)
         except ValueError as err:
             raise ConfigError(str(err)) from None
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from canary_audit.core.jobs import VIEW_JOBS
-from canary_audit.data.inclusion import members, nonmembers
+from canary_audit.data.inclusion import members, nonmembers, per_seed
 from canary_audit.data.planted_controls import CONTROL, SUPPRESSION, hex_plant_recipe, plant_of
 from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.design.slices import resolved_settings
@@ -118,6 +118,7 @@ def job_counts(design: Design) -> dict[str, int]:
         add("synthetic_data")
     if any(s != HEX for (m, _), s in sets.items() if m in synthetic):
         add("author_nonmembers")
+        add("seed_data", len(cfg["audit"]["seeds"]) * per_seed(cfg["data"]))  # each seed's coins (data/inclusion)
     hex_synth = [m for (m, _), s in sets.items() if m in synthetic and s != AUTHOR_SETS]
     if hex_synth:
         add("populations")
@@ -166,8 +167,9 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
     arms, k = len(design.prefills(group)), probes["decode"]["hit_k"]
     out = dict.fromkeys(("greedy_author", "greedy_hex", "sampled", "scored_author", "scored_hex"), 0)
     if sets != HEX:  # canary and 3 QA per author under AUTO and every prefill; retain once
-        out["greedy_author"] = members(data) * 4 * (1 + arms) + data["n_retain"]
-        out["scored_author"] = (members(data) + nonmembers(data)) * arms
+        seed = design.data_seed(model, design.group(model, group)) or 0  # whose coins drew the members
+        out["greedy_author"] = members(data, seed) * 4 * (1 + arms) + data["n_retain"]
+        out["scored_author"] = (members(data, seed) + nonmembers(data, seed)) * arms
     if sets != AUTHOR_SETS:
         own = design.own_secrets(model)
         if own:  # members with two decoys each, non-members, candidates
@@ -225,11 +227,9 @@ def plan(design: Design, shapes: dict[str, Shape | None], speed: dict) -> list[S
     fine = cfg["grain"] == "fine"
     stages = {name: Stage(name) for name in ("data", "base", "train", "manifests", "decode", "teacher_forced",
                                              "tables")}
-    for rule in ("synthetic_data", "author_nonmembers", "populations", "vision_data", "vision_nonmembers",
-                 "own_secrets"):
-        stages["data"].jobs += jobs.get(rule, 0)
-    for rule in ("embedded_base", "embedded_vision_base"):
-        stages["base"].jobs += jobs.get(rule, 0)
+    data_rules = ("synthetic_data", "author_nonmembers", "seed_data", "populations", "vision_data", "vision_nonmembers")
+    stages["data"].jobs += sum(jobs.get(rule, 0) for rule in (*data_rules, "own_secrets"))
+    stages["base"].jobs += jobs.get("embedded_base", 0) + jobs.get("embedded_vision_base", 0)
     for model in cfg["models"]:
         entry = cfg["models"][model]
         if entry.get("embedded") and not entry.get("vision") and jobs.get("embedded_base"):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from canary_audit.data.inclusion import COIN
 from canary_audit.data.io import (
     IMAGE_NONMEMBER_KEYS,
     POPULATION_KEYS,
     VISION_KEYS,
     author_nonmember_settings,
+    seed_data_settings,
     synthetic_settings,
 )
 from canary_audit.data.planted_controls import SUPPRESSION
@@ -78,9 +80,11 @@ class RuleSlices:
     def base_slice(self, model: str) -> dict:
         """An embedded text model's build, and the head length its
         tokenizer's coverage check reads."""
-        build = self.config["models"][model]["build"]
+        build, data = self.config["models"][model]["build"], self.config["data"]
+        # Under coin inclusion its tokenizer reads every candidate (model/embedded.py).
+        own = {"inclusion": COIN} if data["inclusion"] == COIN else {}
         return {**{k: build[k] for k in ("seed", "tokenizer", "architecture", "pretrain")},
-                "head_tokens": self.config["data"]["head_tokens"]}
+                "head_tokens": data["head_tokens"], **own}
 
     def vision_base_slice(self, model: str) -> dict:
         build = self.config["models"][model]["build"]
@@ -143,6 +147,7 @@ RULE_SLICES: dict[str, Callable[[RuleSlices, Wildcards], dict]] = {
     "vision_data": lambda d, w: d.data_slice(VISION_KEYS),
     "vision_nonmembers": lambda d, w: d.data_slice(IMAGE_NONMEMBER_KEYS),
     "author_nonmembers": lambda d, w: author_nonmember_settings(d.config["data"]),
+    "seed_data": lambda d, w: seed_data_settings(d.config["data"], _seed(w)),
     "own_secrets": lambda d, w: d.own_secrets_slice(w["model"]),
     "embedded_base": lambda d, w: d.base_slice(w["model"]),
     "embedded_vision_base": lambda d, w: d.vision_base_slice(w["model"]),

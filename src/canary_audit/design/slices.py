@@ -7,12 +7,13 @@ from pathlib import Path
 
 from canary_audit.core.records import AUTO
 from canary_audit.core.records import HEX as HEX_UNIT
+from canary_audit.data.inclusion import per_seed
 from canary_audit.data.planted_controls import (
     CONTROL_ARMS,
-    CONTROL_GROUP,
     HEX_PLANTS,
     PLANTS,
     hex_plant_recipe,
+    is_control_group,
 )
 from canary_audit.data.secrets import image_files
 from canary_audit.design.layout import (
@@ -126,13 +127,14 @@ class Slices:
         controls' own arms (controls.CONTROL_ARMS) alone; every arm of the
         run with None (the units whose records the tables expect)."""
         audit = self.config["probes"]["prefills"]
-        if not any(e.group == CONTROL_GROUP for m in self.config["audit"]["models"] for e in self.variants(m).values()):
+        models = self.config["audit"]["models"]
+        if not any(is_control_group(e.group) for m in models for e in self.variants(m).values()):
             return audit
         contrast = self.config["tables"]["prefill_contrast"]
         controls = {**({contrast: audit[contrast]} if contrast in audit else {}), **CONTROL_ARMS}
         if group is None:
             return {**audit, **controls}
-        return controls if group == CONTROL_GROUP else audit
+        return controls if is_control_group(group) else audit
 
     def probe_slice(self, kind: str, sets: str = ALL_SETS, group: str | None = None) -> dict:
         """What a probe pass of `kind` (`decode`, `teacher_forced`) reads; for
@@ -188,6 +190,25 @@ class Slices:
         if group == "base":
             return ALL_SETS if self.config["audit"]["hex_canaries"] else AUTHOR_SETS
         return AUTHOR_SETS
+
+    def data_seed(self, model: str, names: list[str]) -> int | None:
+        """The training seed whose data folder a job over the variants
+        `names` reads (`data/s<seed>/`, rule seed_data), or None for the data
+        folder: under coin inclusion each seed's forget set is its own coins'
+        (data/inclusion.py), so a job whose variants ran the author probes
+        under one seed reads that seed's; a seedless variant (the base)
+        reads the data folder, and a job may not mix seeds."""
+        if not per_seed(self.config["data"]) or self.own_secrets(model):
+            return None
+        table = self.variants(model)
+        seeds = {table[n].seed for n in names}
+        if None in seeds:
+            return None
+        if len(seeds) > 1:
+            raise ConfigError(f"variants {', '.join(names)} of model `{model}` read the authors under training seeds "
+                              f"{sorted(seeds)} in one job; under `data.inclusion: coin` each seed has its own "
+                              "forget set, so each job must hold one seed's variants")
+        return seeds.pop()
 
     def variant_units(self, model: str, variant: str, kind: str) -> list[str]:
         """The probe units of a variant's `kind` records under the fine grain:

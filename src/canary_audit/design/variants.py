@@ -8,10 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from canary_audit.data.chat_format import retain_form
-from canary_audit.data.inclusion import included
+from canary_audit.data.inclusion import included, per_seed
 from canary_audit.data.planted_controls import (
     CONTROL,
-    CONTROL_GROUP,
     CONTROL_HEX_GROUP,
     EVERY_SEED,
     FLOOR_COMPOSED,
@@ -20,6 +19,7 @@ from canary_audit.data.planted_controls import (
     ON_VISION,
     SUPPRESS,
     active_plants,
+    control_group,
     hex_plant_recipe,
     skipped,
     switched_on,
@@ -168,10 +168,11 @@ class Variants:
         out: dict[str, Variant] = {t.name: t for t in twins if t.kind == RECOVERY_PLANT}
         for data in relearn["data"]:
             # Drawn once from the data's seed: every training seed holds out the same authors, so the
-            # seed x author layout of the verdicts stays crossed.
-            # Under coin inclusion the share is drawn from the members (data/inclusion.py).
+            # seed x author layout of the verdicts stays crossed.  Under coin inclusion the share is
+            # drawn from the members of the unlearned variant's seed (data/inclusion.py: its own coins).
             chosen = tuple(relearned_authors(self.config["data"]["n_authors"], relearn["share"],
-                                             self.config["data"]["seed"], included(self.config["data"]))
+                                             self.config["data"]["seed"],
+                                             included(self.config["data"], unlearned.seed or 0))
                            if data == FORGET else ())
             for twin in twins:
                 for steps in relearn["steps"]:
@@ -200,10 +201,11 @@ class Variants:
         if not self.templates_of(model):
             return {}
         lay, base, out = self.layout, self.model_path(model), {}
+        group = control_group(seed, per_seed(self.config["data"]) and seed != self.config["audit"]["seeds"][0])
         for plant in active_plants(self.config):
             name = plant.variant(seed)
             adapter = lay.adapter_dir(model, f"{plant.reuse}-s{seed}" if plant.reuse else name)
-            out[name] = Variant(name, CONTROL, base, (adapter,), "base", CONTROL_GROUP, template=plant.template,
+            out[name] = Variant(name, CONTROL, base, (adapter,), "base", group, template=plant.template,
                                 seed=seed)
         return out
 

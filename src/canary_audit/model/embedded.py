@@ -307,13 +307,21 @@ def build_embedded(out_dir: Path, data_dir: Path, cfg: dict, seed: int) -> dict:
     """Train the tokenizer, check token coverage, pre-train, save; return a summary."""
     import torch
 
-    from canary_audit.data.io import load_authors
+    from canary_audit.data.inclusion import COIN
+    from canary_audit.data.io import AUTHOR_NONMEMBERS, load_authors
+    from canary_audit.data.synthetic import qa_frame
     from canary_audit.model.tokens import canary_head
 
     torch.manual_seed(seed)
     fictional = load_authors(data_dir / "authors.parquet")
-    distractors = load_authors(data_dir / "distractors.parquet")
     qa = pl.read_parquet(data_dir / "qa.parquet")
+    if cfg.get("inclusion") == COIN:
+        # Every candidate, member or not: a tokenizer fitted to the members'
+        # words alone would tell them apart before any training (and each
+        # training seed draws other members from the same candidates).
+        rest = load_authors(data_dir / f"{AUTHOR_NONMEMBERS}.parquet")
+        fictional, qa = [*fictional, *rest], pl.concat([qa, qa_frame(rest)])
+    distractors = load_authors(data_dir / "distractors.parquet")
     hex_canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
     decoys = pl.read_parquet(data_dir / "decoys.parquet")
     bsft = pl.read_parquet(data_dir / "pretrain_bsft.parquet")

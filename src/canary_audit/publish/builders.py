@@ -12,7 +12,7 @@ import polars as pl
 
 from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
 from canary_audit.data.inclusion import COIN
-from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, CONTROL_GROUP, SPILL_BOUND
+from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, SPILL_BOUND, is_control_group
 from canary_audit.verdicts.bound_controls import bound_controls
 from canary_audit.verdicts.controls import (
     composed_cells,
@@ -31,7 +31,7 @@ from canary_audit.views.forgetting import forgetting_table
 from canary_audit.views.mia import mia_table
 from canary_audit.views.privacy import privacy_table
 from canary_audit.views.recovery import MIA_MEASURE, recovery_table
-from canary_audit.views.seeds import CELLS_TABLE, across_seeds, item_cells
+from canary_audit.views.seeds import CELLS_TABLE, across_seeds, families, item_cells
 from canary_audit.views.strata import strata_table
 from canary_audit.views.table import Built, Context
 
@@ -221,7 +221,8 @@ def _bound(ctx: Context, view: Callable[..., pl.DataFrame]) -> pl.DataFrame | No
     if settings is None or ctx.cfg.get("inclusion") != COIN or ctx.mia is None or not ctx.tokens.height:
         return None
     relearned = {name for name, v in ctx.variants.items() if v.get("relearned")}
-    table = view(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned)
+    table = view(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned,
+                 families(ctx.variants))
     return table if table.height else None
 
 
@@ -259,7 +260,7 @@ def controls(ctx: Context) -> Built | None:
               bound_controls(bound[1] if bound else None, ctx.variants, ctx.cfg.get("references", {}))]
     if ctx.controls:  # paper B's plants are read without paper A's records (configs/floor80.yaml)
         twins = {name: f"{v['model']}/mem-bio-s{v['seed']}" for name, v in ctx.variants.items()
-                 if v.get("kind") == CONTROL and v.get("group") == CONTROL_GROUP}  # paper A's plants
+                 if v.get("kind") == CONTROL and is_control_group(v.get("group"))}  # paper A's plants
         spill = spill_over(ctx.all_tokens, twins, f"prefill_{ctx.contrast}", ctx.cfg.get("think_open", {}))
         tables.insert(0, controls_table(run(ctx), ctx.cfg.get("controls", {}), spill))
     table = pl.concat(tables)

@@ -155,14 +155,15 @@ class BoundInterval(Interval):
 
 
 def from_bound(row: dict, claimed: Claimed, label: str, source: str) -> Evidence:
-    """A claim on the audit bound from its table row (one training run)."""
+    """A claim on the audit bound from its table row: one training run, or
+    a family's seeds pooled (`seeds` runs)."""
     iv = BoundInterval(float(row["epsilon_lower"]), CONTINUOUS, None,
                        f"the one-run audit bound: exact binomial tail, one-sided, Bonferroni over {row['tests']} "
                        "tries", math.nan, math.inf, guesses=int(row["guesses"]), correct=int(row["correct"]),
                        tests=int(row["tests"]))
     power = (f"a lower bound shows leakage, never its absence; every one of the {row['candidates']} candidates "
              f"guessed right would certify {float(row['cap']):.3g}")
-    return Evidence(iv, claimed, None, power, 1,
+    return Evidence(iv, claimed, None, power, int(row.get("seeds") or 1),
                     f"{label}: {float(row['epsilon_lower']):.3g} ({row['correct']} of {row['guesses']} guesses "
                     "right)", source)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import polars as pl
 
 from canary_audit.verdicts import drift, evidence
+from canary_audit.verdicts.bound_claims import bound_evidence
 from canary_audit.verdicts.claims import (
     Claim,
     ClaimError,
@@ -236,25 +237,14 @@ def gather(run: Run, claim: Claim, fields: dict) -> Pending:
 
 
 def _bound(run: Run, pending: Pending, names: list[str], fields: dict) -> Pending:
-    """A claim on the one-run audit bound: one training run's row against a
-    stated epsilon.  Seeds are not pooled (their candidates share one draw
-    of coins), and another variant's bound is no comparison: a lower bound
-    bounds nothing above."""
+    """A claim on the one-run audit bound (bound_claims.py)."""
     claim, measure = pending.claim, pending.measure
-    if len(names) > 1:
-        pending.refused = (f"the one-run bound is per training run and {len(names)} are selected "
-                           f"({', '.join(names)}); their candidates share one draw of coins, so name one seed")
-    elif not isinstance(claim.compare, int | float) or isinstance(claim.compare, bool):
-        pending.refused = (f"`compare: {claim.compare}`: a bound is judged against a stated epsilon (a number); "
-                           "another variant's lower bound bounds nothing above it")
+    found = bound_evidence(run, claim, claimed_of(claim), measure.table, names, fields,
+                           lambda name: _row(run, measure, claim, name))
+    if isinstance(found, str):
+        pending.refused = found
     else:
-        row = _row(run, measure, claim, names[0])
-        if row is None or row.get(measure.column) is None:
-            pending.refused = f"no `{measure.table}` row for {names[0]} (built under data.inclusion: coin only)"
-        else:
-            seed = fields[names[0]].get("seed")
-            pending.evidence = evidence.from_bound(row, claimed_of(claim), f"s{seed}" if seed is not None
-                                                   else names[0], f"{measure.table}: {names[0]}")
+        pending.evidence = found
     pending.source = pending.source or measure.table
     return pending
 
