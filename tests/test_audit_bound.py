@@ -15,6 +15,7 @@ from scipy.stats import beta as beta_dist
 from canary_audit.views.audit_bound import candidates_for, cap, epsilon_lower, guess, search_bound
 
 BETA, TRIALS = 0.05, 4000
+AUTHOR_ARM = {"author": "prefill_bio"}  # the coin-drawn population the bound reads, and its arm
 SLACK = 3 * math.sqrt(BETA * (1 - BETA) / TRIALS)  # three binomial standard errors of a rate near beta
 
 
@@ -142,11 +143,14 @@ def test_the_cap_table_plan_prints():
     assert "epsilon 4 needs 166" in text
 
 
-def _scores(variant: str, members: np.ndarray, loss: np.ndarray, rng) -> list[dict]:
-    """MIA item-score rows of one variant's author canaries under prefill_bio."""
+def _scores(variant: str, members: np.ndarray, loss: np.ndarray, rng, population: str = "author") -> list[dict]:
+    """MIA item-score rows of one variant's author canaries under prefill_bio
+    (or hex canaries behind their preambles)."""
     other = rng.normal(size=members.size)  # the other scores: noise
-    return [{"variant": variant, "population": "author", "arm": "prefill_bio",
-             "probe_set": "canary" if m else "author_nonmember", "item_id": f"a{i:03d}", "member": bool(m),
+    author = population == "author"
+    return [{"variant": variant, "population": population, "modality": "text",
+             "arm": "prefill_bio" if author else "preamble", "item_id": f"{'a' if author else 'hex'}{i:03d}",
+             "probe_set": ("canary" if author else "hex") if m else f"{population}_nonmember", "member": bool(m),
              "loss": float(x), "zlib": float(o), "min_k": float(-o), "min_k_pp": float(o * 0.5)}
             for i, (m, x, o) in enumerate(zip(members, loss, other))]
 
@@ -162,7 +166,7 @@ def test_the_table_pays_for_grid_and_scores_and_skips_relearned_variants():
     rows = (_scores("m/mem", members, members.astype(float), rng)  # LOSS separates perfectly
             + _scores("m/ref", members, rng.normal(size=40), rng)  # nothing separates
             + _scores("m/npo.relearn", members, members.astype(float), rng))
-    table = bound_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, skipped={"m/npo.relearn"})
+    table = bound_table(pl.DataFrame(rows), AUTHOR_ARM, [0.25, 1.0], BETA, skipped={"m/npo.relearn"})
     assert set(table["variant"]) == {"m/mem", "m/ref"}
     grid = grid_of(40, [0.25, 1.0])
     assert grid == [(5, 5), (20, 20)]
@@ -198,7 +202,7 @@ def test_a_familys_seeds_pool_into_one_row_beside_each_seeds_own():
     rows = [r for s in range(3) for r in _scores(f"m/npo-bio-s{s}-k20", coins[s], loss[s], rng)]
     rows += _scores("m/reference-meta-s0", coins[0], rng.normal(size=30), rng)
     families = {f"m/npo-bio-s{s}-k20": "m/npo-bio-k20" for s in range(3)}
-    table = bound_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, families=families)
+    table = bound_table(pl.DataFrame(rows), AUTHOR_ARM, [0.25, 1.0], BETA, families=families)
     assert set(table["variant"]) == {*families, "m/npo-bio-k20", "m/reference-meta-s0"}
     pooled = table.filter((pl.col("variant") == "m/npo-bio-k20") & (pl.col("score") == "loss")).row(0, named=True)
     assert (pooled["seeds"], pooled["candidates"], pooled["members"]) == (3, 90, int(sum(c.sum() for c in coins)))
@@ -208,7 +212,7 @@ def test_a_familys_seeds_pool_into_one_row_beside_each_seeds_own():
     assert pooled["cap"] > table.filter(pl.col("variant") == "m/npo-bio-s0-k20")["cap"][0]  # 90 candidates, not 30
     assert set(table.filter(pl.col("variant") != "m/npo-bio-k20")["seeds"]) == {1}
     assert table.filter((pl.col("variant") == "m/npo-bio-k20") & (pl.col("score") == ANY)).height == 1
-    grid = guesses_table(pl.DataFrame(rows), "prefill_bio", [0.25, 1.0], BETA, families=families)
+    grid = guesses_table(pl.DataFrame(rows), AUTHOR_ARM, [0.25, 1.0], BETA, families=families)
     assert set(grid.filter(pl.col("seeds") == 3)["variant"]) == {"m/npo-bio-k20"}
 
 
@@ -228,8 +232,8 @@ def test_the_guesses_table_holds_every_grid_point_and_the_plot_draws_it():
     scores = pl.DataFrame(_scores("m/mem", members, members.astype(float), rng)
                           + _scores("m/ref", members, rng.normal(size=40), rng))
     shares = [0.1, 0.25, 0.5, 1.0]
-    grid = guesses_table(scores, "prefill_bio", shares, BETA)
-    table = bound_table(scores, "prefill_bio", shares, BETA)
+    grid = guesses_table(scores, AUTHOR_ARM, shares, BETA)
+    table = bound_table(scores, AUTHOR_ARM, shares, BETA)
     assert grid.height == 2 * len(ATTACKS) * 4 and sorted(set(grid["guesses"])) == [4, 10, 20, 40]
     best = grid.group_by("variant", "score").agg(pl.col("epsilon_lower").max())
     per_score = table.filter(pl.col("score") != "any").select("variant", "score", "epsilon_lower")
@@ -339,9 +343,9 @@ def test_the_bounds_controls_read_the_memorized_adapter_seen_and_its_reference_c
     level = BETA / 16
 
     def row(variant: str, guesses: int, correct: int) -> dict:
-        return {"variant": variant, "score": "any", "picked": "loss", "candidates": 40, "guesses": guesses,
-                "correct": correct, "tests": 16, "beta": level, "epsilon_lower": epsilon_lower(guesses, correct, level),
-                "cap": cap(40, level)}
+        return {"variant": variant, "population": "author", "seeds": 1, "score": "any", "picked": "loss",
+                "candidates": 40, "guesses": guesses, "correct": correct, "tests": 16, "beta": level,
+                "epsilon_lower": epsilon_lower(guesses, correct, level), "cap": cap(40, level)}
 
     variants = {"m/mem-bio-s0": {"model": "m", "kind": "memorized", "seed": 0},
                 "m/reference-meta-s0": {"model": "m", "kind": "reference", "seed": 0}}
@@ -357,18 +361,93 @@ def test_the_bounds_controls_read_the_memorized_adapter_seen_and_its_reference_c
     assert (flipped["positive_verdict"], flipped["negative_verdict"]) == (MISSED, FALSE_ALARM)
 
 
+def test_the_bounds_negatives_are_read_as_a_family():
+    """Nine never-trained references (three seeds x three templates), their
+    scores independent of membership: read each at its own 95%, some one of
+    them certifies leakage in more than beta of runs; read at beta over the
+    nine (bound_controls), in at most beta.  Measured on this seed: 8.5%
+    and 1.5% of 200 runs."""
+    import polars as pl
+
+    from canary_audit.data.planted_controls import FALSE_ALARM
+    from canary_audit.verdicts.bound_controls import bound_controls
+    from canary_audit.views.audit_bound import ANY, bound_table
+
+    rng = np.random.default_rng(0)
+    variants = {f"m/{kind}-s{j}": {"model": "m", "kind": kind, "seed": j} for j in range(9)
+                for kind in ("memorized", "reference")}
+    refs = {f"m/memorized-s{j}": {"reference": f"m/reference-s{j}", "population": "author"} for j in range(9)}
+    family = single = 0
+    trials = 200
+    for _ in range(trials):
+        rows = []
+        for j in range(9):
+            coins = rng.random(50) < 0.5
+            rows += _scores(f"m/memorized-s{j}", coins, coins.astype(float), rng)
+            rows += [{**r, "zlib": float(rng.normal()), "min_k": float(rng.normal()), "min_k_pp": float(rng.normal())}
+                     for r in _scores(f"m/reference-s{j}", coins, rng.normal(size=50), rng)]
+        bound = bound_table(pl.DataFrame(rows), AUTHOR_ARM, [0.1, 0.25, 0.5, 1.0], BETA)
+        family += (bound_controls(bound, variants, refs)["negative_verdict"] == FALSE_ALARM).any()
+        negatives = bound.filter((pl.col("score") == ANY) & pl.col("variant").str.contains("reference"))
+        single += (negatives["epsilon_lower"] > 0).any()
+    assert family / trials <= BETA + 3 * math.sqrt(BETA * (1 - BETA) / trials) and single / trials > BETA
+
+
+def test_the_hex_canaries_get_rows_of_their_own_and_the_canary_lora_is_their_positive():
+    """Under hex coin inclusion the hex canaries behind their preambles are a
+    population of their own beside the authors: rows per (variant,
+    population), and the controls read the canary LoRA `seen` against its
+    reference `clean` there, the memorized adapter against its own on the
+    authors; a population the run did not draw has no row."""
+    import polars as pl
+
+    from canary_audit.data.planted_controls import CLEAN, SEEN
+    from canary_audit.verdicts.bound_controls import bound_controls
+    from canary_audit.views.audit_bound import ANY, bound_table
+
+    rng = np.random.default_rng(3)
+    authors, hexes = rng.random(40) < 0.5, rng.random(40) < 0.5
+    rows = (_scores("m/mem-bio-s0", authors, authors.astype(float), rng)
+            + _scores("m/reference-meta-s0", authors, rng.normal(size=40), rng)
+            + _scores("m/base", authors, rng.normal(size=40), rng)
+            + _scores("m/canary-s0", hexes, hexes.astype(float), rng, "hex")
+            + _scores("m/reference-s0", hexes, rng.normal(size=40), rng, "hex")
+            + _scores("m/base", hexes, rng.normal(size=40), rng, "hex"))
+    both = bound_table(pl.DataFrame(rows), {**AUTHOR_ARM, "hex": "preamble"}, [0.25, 1.0], BETA)
+    best = both.filter(pl.col("score") == ANY)
+    assert sorted(best.select("variant", "population").iter_rows()) == [
+        ("m/base", "author"), ("m/base", "hex"), ("m/canary-s0", "hex"), ("m/mem-bio-s0", "author"),
+        ("m/reference-meta-s0", "author"), ("m/reference-s0", "hex")]
+    assert set(bound_table(pl.DataFrame(rows), AUTHOR_ARM, [0.25, 1.0], BETA)["population"]) == {"author"}
+    variants = {"m/mem-bio-s0": {"model": "m", "kind": "memorized", "seed": 0},
+                "m/canary-s0": {"model": "m", "kind": "canary", "seed": 0},
+                "m/reference-meta-s0": {"model": "m", "kind": "reference", "seed": 0},
+                "m/reference-s0": {"model": "m", "kind": "reference", "seed": 0}, "m/base": {"model": "m"}}
+    refs = {"m/mem-bio-s0": {"reference": "m/reference-meta-s0", "population": "author"},
+            "m/canary-s0": {"reference": "m/reference-s0", "population": "hex"}}
+    read = {r["positive"]: r for r in bound_controls(both, variants, refs).iter_rows(named=True)}
+    assert set(read) == {"m/mem-bio-s0", "m/canary-s0"}
+    assert read["m/canary-s0"]["negative"] == "m/reference-s0" and "canary LoRA" in read["m/canary-s0"]["construction"]
+    assert all((r["positive_verdict"], r["negative_verdict"]) == (SEEN, CLEAN) for r in read.values())
+
+
 @pytest.mark.workflow
 def test_a_smoke_scale_audit_judges_claims_on_the_bound_and_reads_its_controls(tmp_path):
-    """tests/audit.yaml (40 coin-drawn candidates, the text model's BIO arm,
-    one NPO run): the audit_bound table has the memorized parent's, the
-    unlearned checkpoint's and the reference's rows with their guesses; the
-    claim that the memorized adapter certifies epsilon >= 0.5 holds, "the
-    reference below 0.5" reads `inconclusive` (a lower bound cannot show
-    absence) and 2.0, past the 40 candidates' cap, `not testable`; the
-    bound's controls read seen / clean; the summary says what the bound
-    means.  Checked on data seeds 0, 1 and 2 (coins redrawn with the data):
-    the memorized bound 0.72 / 1.10 / 1.10 against the claim's 0.5, Holm
-    p 0.013 / 0.0024 / 0.0024."""
+    """tests/audit.yaml (40 coin-drawn candidate authors, the text model's
+    BIO arm, one NPO run; 40 coin-drawn hex canaries for the canary LoRA):
+    the audit_bound table has the memorized parent's, the unlearned
+    checkpoint's and the reference's rows with their guesses, and the canary
+    LoRA's, its reference's and the base's on the hex canaries; the claims
+    that the memorized adapter and the canary LoRA certify epsilon >= 0.5
+    hold, "the reference below 0.5" reads `inconclusive` (a lower bound
+    cannot show absence) and 2.0, past the 40 candidates' cap, `not
+    testable`; both bounds' controls read seen / clean; the summary says what
+    the bound means.  Checked on data seeds 0, 1 and 2 (coins redrawn with
+    the data): the memorized bound 0.72 / 1.25 / 1.10 and the canary LoRA's
+    1.50 / 1.86 / 1.10 against the claims' 0.5, Holm p 0.013 / 5.8e-5 /
+    0.0037 and 7.0e-6 / 2.8e-7 / 0.0037; the references' margins (the share
+    of guesses short of a bound above 0) 0.75 / 0.5 / 0.75 and 0.75 / 0.5 /
+    0.25."""
     import polars as pl
     from conftest import ROOT, run_snakemake
 
@@ -378,18 +457,24 @@ def test_a_smoke_scale_audit_judges_claims_on_the_bound_and_reads_its_controls(t
     run_snakemake(tmp_path, "--cores", "2", extra_configs=(ROOT / "tests" / "audit.yaml",))
     results = tmp_path / "results" / "audit"
     bound = pl.read_csv(results / "tables" / "audit_bound.csv").filter(pl.col("score") == ANY)
-    rows = {r["variant"]: r for r in bound.iter_rows(named=True)}
+    rows = {r["variant"]: r for r in bound.filter(pl.col("population") == "author").iter_rows(named=True)}
+    hexes = {r["variant"]: r for r in bound.filter(pl.col("population") == "hex").iter_rows(named=True)}
     assert {"tiny/mem-bio-s0", "tiny/npo-bio-s0-k5", "tiny/reference-meta-s0"} <= rows.keys()
-    assert all(r["guesses"] >= r["correct"] >= 0 and r["candidates"] == 40 for r in rows.values())
-    memorized = rows["tiny/mem-bio-s0"]["epsilon_lower"]
-    print(f"memorized bound {memorized:.3f}, margin over the claim's 0.5: {memorized - 0.5:.3f}")
+    assert {"tiny/canary-s0", "tiny/reference-s0", "tiny/base"} == hexes.keys()
+    assert all(r["guesses"] >= r["correct"] >= 0 and r["candidates"] == 40 for r in [*rows.values(), *hexes.values()])
+    memorized, canary = rows["tiny/mem-bio-s0"]["epsilon_lower"], hexes["tiny/canary-s0"]["epsilon_lower"]
+    print(f"memorized bound {memorized:.3f}, canary LoRA {canary:.3f}; margins over the claims' 0.5: "
+          f"{memorized - 0.5:.3f}, {canary - 0.5:.3f}")
     assert rows["tiny/reference-meta-s0"]["epsilon_lower"] == 0.0 < 0.5 < memorized < rows["tiny/mem-bio-s0"]["cap"]
+    assert hexes["tiny/reference-s0"]["epsilon_lower"] == 0.0 < 0.5 < canary <= hexes["tiny/canary-s0"]["cap"]
     verdicts = dict(pl.read_csv(results / "claims.csv").select("id", "verdict").iter_rows())
-    assert verdicts == {"memorized_leaks": "holds", "reference_clean": "inconclusive", "past_the_cap": "not testable"}
+    assert verdicts == {"memorized_leaks": "holds", "reference_clean": "inconclusive", "canary_leaks": "holds",
+                        "past_the_cap": "not testable"}
     controls = pl.read_csv(results / "tables" / "controls.csv").filter(pl.col("claim") == AUDIT_BOUND_CLAIM)
-    assert controls.select("positive_verdict", "negative_verdict").rows() == [(SEEN, CLEAN)]
+    assert sorted(controls.select("positive", "positive_verdict", "negative_verdict").rows()) == [
+        ("tiny/canary-s0", SEEN, CLEAN), ("tiny/mem-bio-s0", SEEN, CLEAN)]
     assert "a lower bound, which can show leakage and never its absence" in (results / "summary.md").read_text()
     grid = pl.read_csv(results / "tables" / "audit_bound_guesses.csv")
-    assert grid.group_by("variant").agg(pl.col("epsilon_lower").max()).filter(
+    assert grid.group_by("variant", "population").agg(pl.col("epsilon_lower").max()).filter(
         pl.col("variant") == "tiny/mem-bio-s0")["epsilon_lower"].item() == pytest.approx(memorized)
     assert (results / "plots" / "audit_bound.png").stat().st_size > 10000

@@ -106,6 +106,53 @@ def test_each_seeds_jobs_read_its_folder_and_a_job_never_mixes_seeds():
     assert "controls-s1" not in fixed.probe_groups(model)
 
 
+def test_hex_coin_inclusion_splits_the_canaries_between_the_lora_and_the_non_members(tmp_path):
+    """`data.hex_inclusion: coin`: the canary LoRA's canaries (and their
+    decoys) are the ones the coins keep, the hex non-members the rest, each
+    behind its own preamble; `fixed` keeps the data and populations as they
+    were; the coins are fair and seeded."""
+    from canary_audit.data.inclusion import hex_counts, hex_included
+    from canary_audit.data.io import write_populations
+
+    cfg = {**CFG, "n_hex_canaries": 24, "n_hex_nonmembers": 0, "n_exposure_candidates": 0}
+    every, every_decoys = syn.canary_frames(24, 3)
+    fixed = tmp_path / "fixed"
+    write_synthetic(fixed, {**cfg, "hex_inclusion": "fixed"})
+    assert pl.read_parquet(fixed / "hex_canaries.parquet").equals(every)
+    coin_cfg = {**cfg, "hex_inclusion": COIN}
+    flags = hex_included(coin_cfg)
+    coin = tmp_path / "coin"
+    write_synthetic(coin, coin_cfg)
+    write_populations(coin, coin, coin_cfg)
+    kept = pl.read_parquet(coin / "hex_canaries.parquet")
+    rest = pl.read_parquet(coin / "hex_nonmembers.parquet")
+    assert kept["canary_id"].to_list() == [c for c, m in zip(every["canary_id"], flags) if m]
+    assert rest["canary_id"].to_list() == [c for c, m in zip(every["canary_id"], flags) if not m]
+    assert kept.vstack(rest.select(kept.columns)).sort("canary_id").equals(every)  # one generator's candidates
+    assert set(pl.read_parquet(coin / "decoys.parquet")["canary_id"]) == set(kept["canary_id"])
+    assert hex_counts(coin_cfg) == (kept.height, rest.height) and hex_counts({**cfg, "n_hex_nonmembers": 9}) == (24, 9)
+    share = sum(sum(hex_included({**coin_cfg, "seed": s, "n_hex_canaries": 40})) for s in range(100)) / 4000
+    assert abs(share - 0.5) < 0.03  # 4,000 fair coins: 3.9 standard errors of 0.0079
+
+
+@pytest.mark.parametrize("override,key", [
+    ({"data": {"n_hex_nonmembers": 100}}, "data.n_hex_nonmembers"),
+    ({"data": {"n_exposure_candidates": 1000}}, "data.n_exposure_candidates"),
+    ({"bsft": {"sources": ["synth"]}}, "bsft.sources"),
+    ({"audit": {"models": ["tiny", "tiny_vl"]}}, "audit.models"),
+])
+def test_hex_coin_inclusion_refuses_what_counts_every_canary_as_trained(override, key):
+    from canary_audit.core.config_merge import merge
+    from canary_audit.design import ConfigError
+
+    base = {"data": {"hex_inclusion": COIN, "n_hex_nonmembers": 0, "n_exposure_candidates": 0},
+            "audit": {"models": ["tiny"]}, "bsft": {"sources": [], "controls": {"undertrained": {"sources": []},
+                                                                                 "noise": {"sources": []}}}}
+    design_of(base)  # the audit config's turn-offs: accepted
+    with pytest.raises(ConfigError, match=f"`{key}` is set against hex coin inclusion"):
+        design_of(merge(base, override))
+
+
 def test_the_design_refuses_a_fixed_population_beside_the_coins_and_draws_relearning_from_members():
     from canary_audit.design import ConfigError
 

@@ -24,6 +24,13 @@ author_nonmembers.parquet (the rest).  A record keeps its item's membership
 in its probe set (`canary` or `author_nonmember`), read under its
 variant's seed.  The design reads the same coins (`members`) to count the
 jobs' items and to draw a relearning's share from the members.
+
+With `data.hex_inclusion: coin` the `n_hex_canaries` hex canaries are
+candidates the same way: the canary LoRA trains on the ones its coin keeps
+(hex_canaries.parquet, their decoys) and the rest, each behind its own
+preamble, are the hex non-members (hex_nonmembers.parquet).  Their coins
+are drawn once from the data's seed: paper B's arms train one canary LoRA,
+at the first audit seed, so there is no second run to pool.
 """
 
 from __future__ import annotations
@@ -65,6 +72,29 @@ def nonmembers(data: dict, train_seed: int = 0) -> int:
     if data.get("inclusion", FIXED) == FIXED:
         return data["n_author_nonmembers"]
     return data["n_authors"] - members(data, train_seed)
+
+
+def hex_included(data: dict) -> list[bool]:
+    """Whether each of the `n_hex_canaries` candidates is trained by the
+    canary LoRA (all of them under `fixed`)."""
+    n = data["n_hex_canaries"]
+    if data.get("hex_inclusion", FIXED) == FIXED:
+        return [True] * n
+    rng = random.Random(f"inclusion:hex:{data['seed']}")
+    flips = [rng.random() < 0.5 for _ in range(n)]
+    if all(flips) or not any(flips):
+        raise ValueError(f"data.hex_inclusion: coin: all {n} coins of data.seed {data['seed']} fell "
+                         f"{'in' if all(flips) else 'out'}; draw another data.seed or raise data.n_hex_canaries")
+    return flips
+
+
+def hex_counts(data: dict) -> tuple[int, int]:
+    """(hex canaries trained, hex non-members): the coins' split, or
+    `n_hex_canaries` and `n_hex_nonmembers`."""
+    if data.get("hex_inclusion", FIXED) == FIXED:
+        return data["n_hex_canaries"], data["n_hex_nonmembers"]
+    kept = sum(hex_included(data))
+    return kept, data["n_hex_canaries"] - kept
 
 
 def per_seed(data: dict) -> bool:

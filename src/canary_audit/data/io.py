@@ -9,7 +9,7 @@ import polars as pl
 from canary_audit.core.records import write_parquet_atomic
 from canary_audit.data import pools
 from canary_audit.data import synthetic as syn
-from canary_audit.data.inclusion import FIXED, included, per_seed
+from canary_audit.data.inclusion import FIXED, hex_included, included, per_seed
 from canary_audit.data.relearn import FORGET_PREFIX
 
 # The tables the data rule writes, in the order the workflow lists them.
@@ -39,9 +39,25 @@ def synthetic_settings(data: dict) -> dict:
     populations' or the images' own counts; `inclusion` only where it is
     not `fixed`, the data as they were before the option)."""
     own = {*POPULATION_KEYS, *VISION_KEYS, *AUTHOR_NONMEMBER_KEYS} - {"seed", "n_hex_canaries"}
-    if data.get("inclusion", FIXED) == FIXED:
-        own.add("inclusion")
+    own |= {key for key in ("inclusion", "hex_inclusion") if data.get(key, FIXED) == FIXED}
     return {k: v for k, v in data.items() if k not in own}
+
+
+def population_settings(data: dict) -> dict:
+    """What the hex populations depend on: their counts and seed, and under
+    hex coin inclusion the coins that make the non-members."""
+    own = ("hex_inclusion",) if data.get("hex_inclusion", FIXED) != FIXED else ()
+    return {k: data[k] for k in (*POPULATION_KEYS, *own)}
+
+
+def hex_candidates(cfg: dict) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The hex canaries split by their inclusion (data/inclusion.py): the
+    trained ones, their decoys, and the rest (each behind its own preamble,
+    in the non-members' columns)."""
+    canaries, decoys = syn.canary_frames(cfg["n_hex_canaries"], cfg["seed"])
+    kept = canaries.filter(pl.Series(hex_included(cfg)))
+    rest = canaries.filter(~pl.Series(hex_included(cfg))).select("canary_id", "preamble", "secret", "text")
+    return kept, decoys.filter(pl.col("canary_id").is_in(kept["canary_id"].implode())), rest
 
 
 def author_nonmember_settings(data: dict) -> dict:
@@ -71,7 +87,8 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         cfg["n_distractors"], seed, prefix="d", last_names=pools.LAST_NAMES[1::2],
         exclude_titles={syn.title_pair(a.canary) for a in (*authors, *rest)},
     )
-    canaries, decoys = syn.canary_frames(cfg["n_hex_canaries"], seed)
+    every_canary = syn.canary_frames(cfg["n_hex_canaries"], seed)[0]
+    canaries, decoys, _ = hex_candidates(cfg)
     authors_df = syn.authors_frame(authors)
     tables = {
         "authors": authors_df,
@@ -85,7 +102,7 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         # bSFT items themselves stay unseen by the base model.
         "pretrain_bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed + 10_000),
     }
-    syn.check_no_canary_in_bsft(tables["bsft"], canaries, syn.authors_frame([*authors, *rest]))
+    syn.check_no_canary_in_bsft(tables["bsft"], every_canary, syn.authors_frame([*authors, *rest]))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         write_parquet_atomic(frame, out_dir / f"{name}.parquet")
@@ -94,11 +111,16 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
 
 def write_populations(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:
     """The non-member records and the exposure candidates (POPULATION_TABLES),
-    none equal to a canary's or decoy's secret, nor to each other."""
+    none equal to a canary's or decoy's secret, nor to each other.  Under
+    hex coin inclusion the non-members are the candidates the coins left
+    out (data/inclusion.py), so that they are exchangeable with the members."""
     canaries = pl.read_parquet(data_dir / "hex_canaries.parquet")
     decoys = pl.read_parquet(data_dir / "decoys.parquet")
     taken = set(canaries["secret"]) | set(decoys["secret"])
-    nonmembers = syn.nonmember_frame(cfg["n_hex_nonmembers"], cfg["n_hex_canaries"], cfg["seed"], taken)
+    if cfg.get("hex_inclusion", FIXED) == FIXED:
+        nonmembers = syn.nonmember_frame(cfg["n_hex_nonmembers"], cfg["n_hex_canaries"], cfg["seed"], taken)
+    else:
+        nonmembers = hex_candidates(cfg)[2]
     candidates = syn.candidate_frame(cfg["n_exposure_candidates"], cfg["n_hex_canaries"], cfg["seed"],
                                      taken | set(nonmembers["secret"]))
     tables = {"hex_nonmembers": nonmembers, "hex_candidates": candidates}
@@ -139,7 +161,7 @@ SEED_TABLES = (*DATA_TABLES, *POPULATION_TABLES, AUTHOR_NONMEMBERS)
 def seed_data_settings(data: dict, train_seed: int) -> dict:
     """What a training seed's data folder depends on: the synthetic data's
     settings, the populations' counts and the seed its coins are drawn for."""
-    return {**synthetic_settings(data), **{k: data[k] for k in POPULATION_KEYS}, "train_seed": train_seed}
+    return {**synthetic_settings(data), **population_settings(data), "train_seed": train_seed}
 
 
 def write_seed_data(out_dir: Path, data_dir: Path, cfg: dict) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from canary_audit.data.inclusion import COIN, coins
+from canary_audit.data.inclusion import COIN, coins, hex_included
 from canary_audit.data.planted_controls import CONTROL_ARMS
 from canary_audit.data.secrets import SecretsRefused, load_own_secrets
 from canary_audit.design.layout import ConfigError
@@ -161,6 +161,7 @@ class Checks:
         self._check_controls()
         self._check_layers()
         self._check_inclusion()
+        self._check_hex_inclusion()
         self._check_recovery()
         self._check_claims()
         contrast = cfg["tables"]["prefill_contrast"]
@@ -197,6 +198,30 @@ class Checks:
         try:
             for seed in {0, *self.config["audit"]["seeds"]}:  # data/: seed 0's split; data/s<seed>/ each seed's
                 coins(data["n_authors"], data["seed"], seed)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def _check_hex_inclusion(self) -> None:
+        """Hex coin inclusion makes the coins' rejects the hex non-members,
+        so no population is drawn apart (non-members, exposure candidates),
+        and it serves the one-run bound on the canary LoRA alone: paper B's
+        arms, the hex strata and the image canaries count every one of
+        `n_hex_canaries` as trained, so each is refused by its key."""
+        cfg, data = self.config, self.config["data"]
+        if data["hex_inclusion"] != COIN:
+            return
+        fix = "`data.hex_inclusion: coin` serves the one-run bound on the canary LoRA alone (configs/audit.yaml)"
+        clashes = {"data.n_hex_nonmembers": (data["n_hex_nonmembers"] != 0, "0 (the coins' rejects are them)"),
+                   "data.n_exposure_candidates": (data["n_exposure_candidates"] != 0, "0"),
+                   "bsft.sources": (self.bsft_active(), "[] with bsft.controls' noise and undertrained sources"),
+                   "audit.hex_repetitions": (len(cfg["audit"]["hex_repetitions"]) > 1, "[1]"),
+                   "audit.models": (any(self.is_vision(m) for m in cfg["audit"]["models"]), "text models only"),
+                   "audit.hex_canaries": (not cfg["audit"]["hex_canaries"], "true")}
+        for key, (clash, wanted) in clashes.items():
+            if clash:
+                raise ConfigError(f"config key `{key}` is set against hex coin inclusion: {fix}; set it to {wanted}")
+        try:
+            hex_included(data)
         except ValueError as err:
             raise ConfigError(str(err)) from None
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from canary_audit.core.jobs import VIEW_JOBS
-from canary_audit.data.inclusion import members, nonmembers, per_seed
+from canary_audit.data.inclusion import hex_counts, members, nonmembers, per_seed
 from canary_audit.data.planted_controls import CONTROL, SUPPRESSION, hex_plant_recipe, plant_of
 from canary_audit.design import ALL_SETS, AUTHOR_SETS, HEX, Design
 from canary_audit.design.slices import resolved_settings
@@ -176,8 +176,8 @@ def pass_sequences(design: Design, model: str, group: str) -> dict[str, int]:
             n, others, cands = _own_counts(own)
             out["greedy_hex"], out["scored_hex"] = n, n * 3 + others + cands
         else:
-            n, cands = data["n_hex_canaries"], data["n_exposure_candidates"]
-            out["greedy_hex"], out["scored_hex"] = n, n * 3 + data["n_hex_nonmembers"] + cands
+            (n, others), cands = hex_counts(data), data["n_exposure_candidates"]  # the coins' split, if drawn
+            out["greedy_hex"], out["scored_hex"] = n, n * 3 + others + cands
             if design.is_vision(model):  # image canaries with three decoys; candidates again; image non-members
                 images = data["n_image_canaries"]
                 out["greedy_hex"] += images

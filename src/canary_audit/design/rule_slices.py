@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from canary_audit.data.inclusion import COIN
 from canary_audit.data.io import (
     IMAGE_NONMEMBER_KEYS,
-    POPULATION_KEYS,
     VISION_KEYS,
     author_nonmember_settings,
+    population_settings,
     seed_data_settings,
     synthetic_settings,
 )
@@ -120,6 +120,7 @@ class RuleSlices:
             "variants": self.variant_table(), "controls": self.control_claims(), "floor_plants": self.floor_plants(),
             "composed_floors": self.composed_floors(), "n_hex_canaries": self.config["data"]["n_hex_canaries"],
             "inclusion": self.config["data"]["inclusion"],
+            **({"hex_inclusion": COIN} if self.config["data"]["hex_inclusion"] == COIN else {}),
             "think_open": self.think_opens(), "expected_hashes": self.probe_hashes(),
         }
 
@@ -143,7 +144,7 @@ def _seed(w: Wildcards) -> int:
 # rule -> its slice from the design and the job's wildcards.
 RULE_SLICES: dict[str, Callable[[RuleSlices, Wildcards], dict]] = {
     "synthetic_data": lambda d, w: synthetic_settings(d.config["data"]),
-    "populations": lambda d, w: d.data_slice(POPULATION_KEYS),
+    "populations": lambda d, w: population_settings(d.config["data"]),
     "vision_data": lambda d, w: d.data_slice(VISION_KEYS),
     "vision_nonmembers": lambda d, w: d.data_slice(IMAGE_NONMEMBER_KEYS),
     "author_nonmembers": lambda d, w: author_nonmember_settings(d.config["data"]),

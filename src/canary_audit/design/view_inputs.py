@@ -89,7 +89,8 @@ class Views:
         secrets, with exposure where some model has candidates (synthetic
         `data.n_exposure_candidates: 0`, or own secrets without a format or
         candidates file: none) and strata with two or more repetitions; the
-        one-run audit bound's where paper A's arms run on coin-drawn authors."""
+        one-run audit bound's where paper A's arms run on coin-drawn authors
+        or the canary LoRA on coin-drawn hex canaries."""
         models = self.config["audit"]["models"]
         parts = {"always"}
         if any(self.templates_of(m) for m in models):
@@ -105,6 +106,8 @@ class Views:
         synthetic_hex = self.config["audit"]["hex_canaries"] and bool(self.synthetic_models())
         if synthetic_hex or len(self.synthetic_models()) < len(models):
             parts.add("hex")
+            if synthetic_hex and self.config["data"]["hex_inclusion"] == COIN:  # the bound on the canary LoRA
+                parts |= {"audit", "controls"}
             if any(self.exposure_candidates(m) for m in models):
                 parts.add("exposure")
             if self.strata():

@@ -61,12 +61,14 @@ def audit_bound_figure(guesses: pl.DataFrame, _variants: dict[str, dict]):
     help."""
     plt = pyplot()
     if guesses.is_empty():
-        return empty_figure(plt, "no one-run audit bound in this run (`data.inclusion: coin`)")
-    best = guesses.group_by("variant", "guesses").agg(pl.col("epsilon_lower").max(), pl.col("all_right").max())
+        return empty_figure(plt, "no one-run audit bound in this run (`data.inclusion` / `hex_inclusion: coin`)")
+    keys = ["variant", "population"]
+    best = guesses.group_by(*keys, "guesses").agg(pl.col("epsilon_lower").max(), pl.col("all_right").max())
+    several = best["population"].n_unique() > 1  # name the canaries where the run draws both kinds
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for (variant,), line in best.sort("variant", "guesses").group_by("variant", maintain_order=True):
+    for (variant, population), line in best.sort(*keys, "guesses").group_by(*keys, maintain_order=True):
         ax.plot(line["guesses"].to_list(), line["epsilon_lower"].to_list(), marker="o",
-                label=variant.split("/", 1)[-1])
+                label=variant.split("/", 1)[-1] + (f" ({population})" if several else ""))
     ceiling = best.group_by("guesses").agg(pl.col("all_right").max()).sort("guesses")
     ax.plot(ceiling["guesses"].to_list(), ceiling["all_right"].to_list(), "k--",
             label="every guess right (the most they could show)")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER
+from canary_audit.core.records import CANDIDATE, HEX_SETS, MIA_POPULATIONS, NONMEMBER, PREAMBLE
 from canary_audit.data.inclusion import COIN
 from canary_audit.data.planted_controls import CONTROL, CONTROL_ARMS, SPILL_BOUND, is_control_group
 from canary_audit.verdicts.bound_controls import bound_controls
@@ -213,28 +213,32 @@ def recovery(ctx: Context) -> Built | None:
 
 def _bound(ctx: Context, view: Callable[..., pl.DataFrame]) -> pl.DataFrame | None:
     """`view` (views/audit_bound.py: `bound_table`, `guesses_table`) over
-    the author canaries' scores, skipping a relearning on a share of the
-    members; None where no bound is given: only where the coins drew the
-    forget set (`data.inclusion: coin`), since on a fixed split the
+    the scores of each coin-drawn population (the author canaries under the
+    contrast prefill, `data.inclusion: coin`; the hex canaries behind their
+    preambles, `data.hex_inclusion: coin`), skipping a relearning on a share
+    of the members; None where no bound is given: on a fixed split the
     theorem's premise, a fair coin per candidate, does not hold."""
     settings = ctx.cfg.get("audit_bound")
-    if settings is None or ctx.cfg.get("inclusion") != COIN or ctx.mia is None or not ctx.tokens.height:
+    drawn = {**({"author": f"prefill_{ctx.contrast}"} if ctx.cfg.get("inclusion") == COIN else {}),
+             **({"hex": PREAMBLE} if ctx.cfg.get("hex_inclusion") == COIN else {})}
+    if settings is None or not drawn or ctx.mia is None or not ctx.tokens.height:
         return None
     relearned = {name for name, v in ctx.variants.items() if v.get("relearned")}
-    table = view(ctx.scores, f"prefill_{ctx.contrast}", settings["shares"], settings["beta"], relearned,
-                 families(ctx.variants))
+    table = view(ctx.scores, drawn, settings["shares"], settings["beta"], relearned, families(ctx.variants))
     return table if table.height else None
 
 
 def audit_bound(ctx: Context) -> Built | None:
-    """The one-run bound of each variant's author canaries."""
+    """The one-run bound of each variant's coin-drawn canaries."""
     table = _bound(ctx, bound_table)
     if table is None:
         return None
     settings = ctx.cfg["audit_bound"]
     return (f"One-run audit bound (Steinke, Nasr and Jagielski 2023): a lower bound on epsilon (delta = 0) at "
-            f"{1 - settings['beta']:.0%} confidence from guessing which author canaries were coin-included "
-            f"(the LOSS, zlib, Min-K% and Min-K%++ scores under prefill_{ctx.contrast}, the k+ highest guessed "
+            f"{1 - settings['beta']:.0%} confidence from guessing which canaries were coin-included, per "
+            f"`population` (the LOSS, zlib, Min-K% and Min-K%++ scores of the author canaries under "
+            f"prefill_{ctx.contrast}, of the hex canaries behind their preambles; `seeds` > 1: a family's seeds "
+            f"pooled, each with its own coins; the k+ highest guessed "
             f"members and the k- lowest non-members over the grid of shares {settings['shares']}; Bonferroni over "
             f"the grid and the scores); `cap`: every candidate guessed right", table)
 

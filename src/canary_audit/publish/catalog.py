@@ -81,9 +81,9 @@ def _moved_shown(f: pl.DataFrame) -> pl.DataFrame | None:
 
 def _canary_moved_shown(f: pl.DataFrame) -> pl.DataFrame | None:
     canary = f.filter((pl.col("population") == "hex") & pl.col("variant").str.contains("/canary-s"))
-    return with_ci(canary, ["privleak_min_k"], 1).select(
-        "variant", "modality", "paper_value", "delta_nll_secret", "exposure_interpolation", "auc_min_k_pp",
-        "privleak_min_k", "forget_quality") if canary.height else None
+    keep = ("variant", "modality", "paper_value", "delta_nll_secret", "exposure_interpolation", "auc_min_k_pp",
+            "privleak_min_k", "forget_quality")  # no exposure without candidates (`data.n_exposure_candidates: 0`)
+    return with_ci(canary, ["privleak_min_k"], 1).select(c for c in keep if c in f.columns) if canary.height else None
 
 
 def _strata_shown(f: pl.DataFrame) -> pl.DataFrame:
@@ -215,10 +215,12 @@ BUILT_IN: tuple[Table, ...] = (
     Table("audit_bound", "audit", b.audit_bound,
         pages=(Page(
             4, "One-run audit bound", "With 95% confidence the training leaked at least epsilon_lower (delta = 0) "
-            "about which coin-included author canaries it saw: a lower bound, which can show leakage and never its "
-            "absence (a bound of 0 is not a proof of privacy), capped by the candidates (`cap`).",
+            "about which coin-included canaries (authors or hex) it saw: a lower bound, which can show leakage and "
+            "never its absence (a bound of 0 is not a proof of privacy), capped by the candidates (`cap`); `seeds` "
+            "> 1: a family's seeds pooled, each with its own coins.",
             lambda f: f.filter(pl.col("score") == "any").select(
-                "variant", "picked", "candidates", "members", "guesses", "correct", "epsilon_lower", "cap")),)),
+                "variant", "population", "seeds", "picked", "candidates", "members", "guesses", "correct",
+                "epsilon_lower", "cap")),)),
     Table("audit_bound_guesses", "audit", b.audit_bound_guesses, plots=("audit_bound",)),
     Table(CONTROLS_TABLE, "controls", b.controls,
         pages=(Page(

@@ -38,7 +38,7 @@ def bound_evidence(run: Run, claim: Claim, claimed: Claimed, table: str, names: 
     name = pooled or names[0]
     row = row_of(name)
     if row is None or row.get("epsilon_lower") is None:
-        return f"no `{table}` row for {name} (built under data.inclusion: coin only)"
+        return f"no `{table}` row for {name} (built under `data.inclusion` or `data.hex_inclusion: coin` only)"
     seeds = [fields[n].get("seed") for n in names]
     label = "+".join(f"s{s}" for s in seeds) if None not in seeds else names[0]
     return evidence.from_bound(row, claimed, label, f"{table}: {name}")

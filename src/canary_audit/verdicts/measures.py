@@ -77,9 +77,10 @@ MEASURES: dict[str, Measure] = {m.name: m for m in (
     _value("author_hitk", "hit@k on the authors' canaries: one of k sampled AUTO decodes' answers holds the canary "
            "(canary_sampled; probes.kinds.canary_sampled.k > 0)", "canary_sampled", "hit_at_k", pooled="hit_at_k",
            scale=RATE),
-    _value("epsilon_lower", "the one-run audit bound on epsilon (delta = 0) at 95% over the coin-included author "
-           "canaries, the best membership score (audit_bound; data.inclusion coin)", "audit_bound", "epsilon_lower",
-           rows={"score": "any"}, ceiling="cap", control=AUDIT_BOUND_CLAIM, bound=True),
+    _value("epsilon_lower", "the one-run audit bound on epsilon (delta = 0) at 95% over the coin-included author or "
+           "hex canaries (`where: {population: hex}` where a variant has both), the best membership score "
+           "(audit_bound; data.inclusion / hex_inclusion coin)", "audit_bound", "epsilon_lower",
+           rows={"score": "any"}, where=("population",), ceiling="cap", control=AUDIT_BOUND_CLAIM, bound=True),
     _value("bypass_gap", "thk_leak - out_acc (canary_leakage)", "canary_leakage", "gap", rows={"arm": "auto"},
            pooled="gap", control="bypass_gap", scale=DIFFERENCE),
     _value("delta_ab", "out_acc(AUTO) - out_acc(prefill contrast) at fixed weights (prefill_arms)", "prefill_arms",

@@ -151,11 +151,12 @@ def grid_of(candidates: int, shares: list[float]) -> list[tuple[int, int]]:
 ANY = "any"  # the row of the best score per variant: the choice among scores is paid for
 
 
-def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta: float,
+def bound_table(scores: pl.DataFrame | None, settings: dict[str, str], shares: list[float], beta: float,
                 skipped: set[str] = frozenset(), families: dict[str, str] | None = None) -> pl.DataFrame:
-    """The one-run bound per variant of the author canaries under prefill
-    `arm` (members: the forget set's canaries, non-members: the candidates
-    the coins left out), per score of `attacks` (views/mia.ATTACKS; higher =
+    """The one-run bound per variant and coin-drawn population of
+    `settings` (population -> its arm: `author` under a prefill arm, `hex`
+    under `preamble`; members: the canaries trained, non-members: the
+    candidates the coins left out), per score of `attacks` (views/mia.ATTACKS; higher =
     more member-like) and as `any`, the best of them: every (k+, k-) of the
     grid (`grid_of(r, shares)`) and every score is tried at beta / (grid x
     scores), so each row's bound holds at 1 - beta as reported, the `any`
@@ -168,21 +169,21 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
     -> its name without the seed, views/seeds.families): each family's
     seeds pooled into one bound as well, its row named by the family
     (`_candidates`)."""
-    schema = {"variant": pl.Utf8, "seeds": pl.Int64, "score": pl.Utf8, "picked": pl.Utf8, "candidates": pl.Int64,
-              "members": pl.Int64, "k_plus": pl.Int64, "k_minus": pl.Int64, "guesses": pl.Int64,
+    schema = {"variant": pl.Utf8, "population": pl.Utf8, "seeds": pl.Int64, "score": pl.Utf8, "picked": pl.Utf8,
+              "candidates": pl.Int64, "members": pl.Int64, "k_plus": pl.Int64, "k_minus": pl.Int64, "guesses": pl.Int64,
               "correct": pl.Int64, "tests": pl.Int64, "beta": pl.Float64, "epsilon_lower": pl.Float64,
               "cap": pl.Float64}
     rows = []
-    for variant, seeds, part, members in _candidates(scores, arm, skipped, families or {}):
+    for variant, population, seeds, part, members in _candidates(scores, settings, skipped, families or {}):
         r = part.height
         grid = grid_of(r, shares)
         level = search_level(beta, grid, len(ATTACKS))
         best = None
         for score in ATTACKS:
             g = search_bound(part[score].to_numpy(), members, grid, beta, tried=len(ATTACKS))
-            row = {"variant": variant, "seeds": seeds, "score": score, "picked": score, "candidates": r,
-                   "members": int(members.sum()), "k_plus": g.k_plus, "k_minus": g.k_minus, "guesses": g.guesses,
-                   "correct": g.correct, "tests": len(grid) * len(ATTACKS), "beta": level,
+            row = {"variant": variant, "population": population, "seeds": seeds, "score": score, "picked": score,
+                   "candidates": r, "members": int(members.sum()), "k_plus": g.k_plus, "k_minus": g.k_minus,
+                   "guesses": g.guesses, "correct": g.correct, "tests": len(grid) * len(ATTACKS), "beta": level,
                    "epsilon_lower": g.epsilon, "cap": cap(r, level)}
             rows.append(row)
             if best is None or (g.epsilon, -g.guesses) > (best["epsilon_lower"], -best["guesses"]):
@@ -191,36 +192,39 @@ def bound_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta
     return pl.DataFrame(rows, schema=schema)
 
 
-def _candidates(scores: pl.DataFrame | None, arm: str, skipped: set[str], families: dict[str, str]
-                ) -> Iterator[tuple[str, int, pl.DataFrame, np.ndarray]]:
-    """Per variant with both members and non-members among its author
-    canaries under prefill `arm`: its name, 1 (one training run), its
-    score rows in a fixed order (by candidate, ties broken by item, never by
-    membership) and the membership vector.  Then per family of `families`
-    with two or more such variants: the family's name, its seeds, and their
-    candidates together, seed after seed.  Pooling is valid because each
-    training seed draws its own coins (data/inclusion.py): the seeds are
-    independent runs, each candidate included in one of them by its own
-    coin, so together they are one mechanism over all the candidates, and
-    the theorem's guesser may rank them all at once."""
+def _candidates(scores: pl.DataFrame | None, settings: dict[str, str], skipped: set[str], families: dict[str, str]
+                ) -> Iterator[tuple[str, str, int, pl.DataFrame, np.ndarray]]:
+    """Per variant and population of `settings` (population -> arm; text
+    records) with both members and non-members: its name, the population,
+    1 (one training run), its score rows in a fixed order (by candidate,
+    ties broken by item, never by membership) and the membership vector.
+    Then per family of `families` with two or more such variants: the
+    family's name, its seeds, and their candidates together, seed after
+    seed.  Pooling is valid because each training seed draws its own coins
+    (data/inclusion.py): the seeds are independent runs, each candidate
+    included in one of them by its own coin, so together they are one
+    mechanism over all the candidates, and the theorem's guesser may rank
+    them all at once."""
     if scores is None or not scores.height:
         return
-    chosen = scores.filter((pl.col("population") == "author") & (pl.col("arm") == arm))
-    runs: dict[str, list[tuple[pl.DataFrame, np.ndarray]]] = {}
-    for variant in sorted(set(chosen["variant"].to_list()) - set(skipped)):
-        part = chosen.filter(pl.col("variant") == variant).sort("item_id", "probe_set")
-        members = part["member"].to_numpy()
-        if members.any() and not members.all():
-            yield variant, 1, part, members
-            if variant in families:
-                runs.setdefault(families[variant], []).append((part, members))
-    for family, parts in sorted(runs.items()):
-        if len(parts) > 1:
-            yield (family, len(parts), pl.concat([p for p, _ in parts], how="vertical_relaxed"),
-                   np.concatenate([m for _, m in parts]))
+    for population, arm in sorted(settings.items()):
+        chosen = scores.filter((pl.col("population") == population) & (pl.col("arm") == arm)
+                               & (pl.col("modality") == "text"))
+        runs: dict[str, list[tuple[pl.DataFrame, np.ndarray]]] = {}
+        for variant in sorted(set(chosen["variant"].to_list()) - set(skipped)):
+            part = chosen.filter(pl.col("variant") == variant).sort("item_id", "probe_set")
+            members = part["member"].to_numpy()
+            if members.any() and not members.all():
+                yield variant, population, 1, part, members
+                if variant in families:
+                    runs.setdefault(families[variant], []).append((part, members))
+        for family, parts in sorted(runs.items()):
+            if len(parts) > 1:
+                yield (family, population, len(parts), pl.concat([p for p, _ in parts], how="vertical_relaxed"),
+                       np.concatenate([m for _, m in parts]))
 
 
-def guesses_table(scores: pl.DataFrame | None, arm: str, shares: list[float], beta: float,
+def guesses_table(scores: pl.DataFrame | None, settings: dict[str, str], shares: list[float], beta: float,
                   skipped: set[str] = frozenset(), families: dict[str, str] | None = None) -> pl.DataFrame:
     """The bound at every (k+, k-) of the grid, per variant and score, at
     the corrected level `bound_table` spends (so its row per score is this
@@ -229,18 +233,19 @@ def guesses_table(scores: pl.DataFrame | None, arm: str, shares: list[float], be
     guesses draws: how far each model is from what its guesses could show,
     and whether more guesses would have helped.  `families` as in
     `bound_table`: a family's pooled seeds have rows of their own."""
-    schema = {"variant": pl.Utf8, "seeds": pl.Int64, "score": pl.Utf8, "candidates": pl.Int64, "k_plus": pl.Int64,
+    schema = {"variant": pl.Utf8, "population": pl.Utf8, "seeds": pl.Int64, "score": pl.Utf8,
+              "candidates": pl.Int64, "k_plus": pl.Int64,
               "k_minus": pl.Int64, "guesses": pl.Int64, "correct": pl.Int64, "beta": pl.Float64,
               "epsilon_lower": pl.Float64, "all_right": pl.Float64}
     rows = []
-    for variant, seeds, part, members in _candidates(scores, arm, skipped, families or {}):
+    for variant, population, seeds, part, members in _candidates(scores, settings, skipped, families or {}):
         grid = grid_of(part.height, shares)
         level = search_level(beta, grid, len(ATTACKS))
         for score in ATTACKS:
             for k_plus, k_minus in grid:
                 g = guess(part[score].to_numpy(), members, k_plus, k_minus, level)
-                rows.append({"variant": variant, "seeds": seeds, "score": score, "candidates": part.height,
-                             "k_plus": k_plus, "k_minus": k_minus, "guesses": g.guesses, "correct": g.correct,
-                             "beta": level, "epsilon_lower": g.epsilon,
+                rows.append({"variant": variant, "population": population, "seeds": seeds, "score": score,
+                             "candidates": part.height, "k_plus": k_plus, "k_minus": k_minus, "guesses": g.guesses,
+                             "correct": g.correct, "beta": level, "epsilon_lower": g.epsilon,
                              "all_right": epsilon_lower(g.guesses, g.guesses, level)})
     return pl.DataFrame(rows, schema=schema)
