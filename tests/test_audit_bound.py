@@ -365,8 +365,9 @@ def test_the_bounds_negatives_are_read_as_a_family():
     """Nine never-trained references (three seeds x three templates), their
     scores independent of membership: read each at its own 95%, some one of
     them certifies leakage in more than beta of runs; read at beta over the
-    nine (bound_controls), in at most beta.  Measured on this seed: 8.5%
-    and 1.5% of 200 runs."""
+    nine (bound_controls), in at most beta within binomial error.  Measured
+    on this seed, over a grid of two shares: 32% and 6% of 100 runs (the
+    bound on the latter: 5% + 3 standard errors, 11.5%)."""
     import polars as pl
 
     from canary_audit.data.planted_controls import FALSE_ALARM
@@ -378,7 +379,7 @@ def test_the_bounds_negatives_are_read_as_a_family():
                 for kind in ("memorized", "reference")}
     refs = {f"m/memorized-s{j}": {"reference": f"m/reference-s{j}", "population": "author"} for j in range(9)}
     family = single = 0
-    trials = 200
+    trials = 100
     for _ in range(trials):
         rows = []
         for j in range(9):
@@ -386,10 +387,11 @@ def test_the_bounds_negatives_are_read_as_a_family():
             rows += _scores(f"m/memorized-s{j}", coins, coins.astype(float), rng)
             rows += [{**r, "zlib": float(rng.normal()), "min_k": float(rng.normal()), "min_k_pp": float(rng.normal())}
                      for r in _scores(f"m/reference-s{j}", coins, rng.normal(size=50), rng)]
-        bound = bound_table(pl.DataFrame(rows), AUTHOR_ARM, [0.1, 0.25, 0.5, 1.0], BETA)
+        bound = bound_table(pl.DataFrame(rows), AUTHOR_ARM, [0.25, 1.0], BETA)
         family += (bound_controls(bound, variants, refs)["negative_verdict"] == FALSE_ALARM).any()
         negatives = bound.filter((pl.col("score") == ANY) & pl.col("variant").str.contains("reference"))
         single += (negatives["epsilon_lower"] > 0).any()
+    print(f"any false alarm: {single / trials:.1%} read one by one, {family / trials:.1%} as a family")
     assert family / trials <= BETA + 3 * math.sqrt(BETA * (1 - BETA) / trials) and single / trials > BETA
 
 
