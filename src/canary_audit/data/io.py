@@ -87,8 +87,7 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         cfg["n_distractors"], seed, prefix="d", last_names=pools.LAST_NAMES[1::2],
         exclude_titles={syn.title_pair(a.canary) for a in (*authors, *rest)},
     )
-    every_canary = syn.canary_frames(cfg["n_hex_canaries"], seed)[0]
-    canaries, decoys, _ = hex_candidates(cfg)
+    canaries, decoys, rest_canaries = hex_candidates(cfg)
     authors_df = syn.authors_frame(authors)
     tables = {
         "authors": authors_df,
@@ -102,6 +101,7 @@ def write_synthetic(out_dir: Path, cfg: dict) -> dict[str, int]:
         # bSFT items themselves stay unseen by the base model.
         "pretrain_bsft": syn.bsft_frame(cfg["n_bsft_per_source"], seed + 10_000),
     }
+    every_canary = pl.concat([canaries.select(rest_canaries.columns), rest_canaries])  # members or not
     syn.check_no_canary_in_bsft(tables["bsft"], every_canary, syn.authors_frame([*authors, *rest]))
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
@@ -154,7 +154,6 @@ def write_author_nonmembers(out_dir: Path, data_dir: Path, cfg: dict) -> dict[st
 
 # What a training seed's data folder holds (rule seed_data): every table a
 # job of that seed may read, the authors' own split by its coins.
-SEED_SPLIT = ("authors", "qa", AUTHOR_NONMEMBERS)
 SEED_TABLES = (*DATA_TABLES, *POPULATION_TABLES, AUTHOR_NONMEMBERS)
 
 
