@@ -13,8 +13,9 @@ were, for the bound to leave 0 at the row's level.
 
 The negatives are a family: each reads `clean` with probability at least
 1 - beta by the bound's own guarantee, so a run reading nine of them (three
-seeds, three templates) would see a false alarm in about a third of runs
-with nothing wrong.  Each negative is therefore read at beta over the
+seeds, three templates) would see some false alarm in up to a third of runs
+with nothing wrong (tests/test_audit_bound.py: 32% over a grid of two
+shares, 8.5% over four).  Each negative is therefore read at beta over the
 number of distinct negatives (Bonferroni), which keeps the run's chance of
 any false alarm at most beta; its reading names that level.
 """
