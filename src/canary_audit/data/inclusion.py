@@ -41,17 +41,23 @@ FIXED, COIN = "fixed", "coin"
 INCLUSION = (FIXED, COIN)
 
 
-def coins(n: int, seed: int, train_seed: int = 0) -> list[bool]:
-    """One fair coin per candidate, seeded by the data's seed and the
-    training seed (seed 0: the data's seed alone); refused when every coin
-    falls alike (no member, or no non-member, to tell apart: probability
-    2^(1-n))."""
-    rng = random.Random(f"inclusion:author:{seed}" + (f":s{train_seed}" if train_seed else ""))
+def _fair_coins(n: int, key: str, refusal: str) -> list[bool]:
+    """`n` fair coins from the seeded generator `key`; refused (`refusal`,
+    with where they fell) when every coin falls alike: no member, or no
+    non-member, to tell apart (probability 2^(1-n))."""
+    rng = random.Random(key)
     flips = [rng.random() < 0.5 for _ in range(n)]
     if all(flips) or not any(flips):
-        raise ValueError(f"data.inclusion: coin: all {n} coins of data.seed {seed} at training seed {train_seed} "
-                         f"fell {'in' if all(flips) else 'out'}; draw another data.seed or raise data.n_authors")
+        raise ValueError(refusal.format(fell="in" if all(flips) else "out"))
     return flips
+
+
+def coins(n: int, seed: int, train_seed: int = 0) -> list[bool]:
+    """One fair coin per candidate author, seeded by the data's seed and
+    the training seed (seed 0: the data's seed alone)."""
+    return _fair_coins(n, f"inclusion:author:{seed}" + (f":s{train_seed}" if train_seed else ""),
+                       f"data.inclusion: coin: all {n} coins of data.seed {seed} at training seed {train_seed} "
+                       "fell {fell}; draw another data.seed or raise data.n_authors")
 
 
 def included(data: dict, train_seed: int = 0) -> list[bool]:
@@ -76,16 +82,13 @@ def nonmembers(data: dict, train_seed: int = 0) -> int:
 
 def hex_included(data: dict) -> list[bool]:
     """Whether each of the `n_hex_canaries` candidates is trained by the
-    canary LoRA (all of them under `fixed`)."""
-    n = data["n_hex_canaries"]
+    canary LoRA (all of them under `fixed`): one coin each, from the data's
+    seed."""
+    n, seed = data["n_hex_canaries"], data["seed"]
     if data.get("hex_inclusion", FIXED) == FIXED:
         return [True] * n
-    rng = random.Random(f"inclusion:hex:{data['seed']}")
-    flips = [rng.random() < 0.5 for _ in range(n)]
-    if all(flips) or not any(flips):
-        raise ValueError(f"data.hex_inclusion: coin: all {n} coins of data.seed {data['seed']} fell "
-                         f"{'in' if all(flips) else 'out'}; draw another data.seed or raise data.n_hex_canaries")
-    return flips
+    return _fair_coins(n, f"inclusion:hex:{seed}", f"data.hex_inclusion: coin: all {n} coins of data.seed {seed} "
+                       "fell {fell}; draw another data.seed or raise data.n_hex_canaries")
 
 
 def hex_counts(data: dict) -> tuple[int, int]:

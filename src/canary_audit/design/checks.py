@@ -206,7 +206,9 @@ class Checks:
         so no population is drawn apart (non-members, exposure candidates),
         and it serves the one-run bound on the canary LoRA alone: paper B's
         arms, the hex strata and the image canaries count every one of
-        `n_hex_canaries` as trained, so each is refused by its key."""
+        `n_hex_canaries` as trained, and a model's own secrets keep their
+        fixed split (the bound would read them as coin-drawn), so each is
+        refused by its key."""
         cfg, data = self.config, self.config["data"]
         if data["hex_inclusion"] != COIN:
             return
@@ -215,7 +217,8 @@ class Checks:
                    "data.n_exposure_candidates": (data["n_exposure_candidates"] != 0, "0"),
                    "bsft.sources": (self.bsft_active(), "[] with bsft.controls' noise and undertrained sources"),
                    "audit.hex_repetitions": (len(cfg["audit"]["hex_repetitions"]) > 1, "[1]"),
-                   "audit.models": (any(self.is_vision(m) for m in cfg["audit"]["models"]), "text models only"),
+                   "audit.models": (any(self.is_vision(m) or self.own_secrets(m) for m in cfg["audit"]["models"]),
+                                    "synthetic text models only (own secrets' hex family draws no coins)"),
                    "audit.hex_canaries": (not cfg["audit"]["hex_canaries"], "true")}
         for key, (clash, wanted) in clashes.items():
             if clash:
