@@ -4,6 +4,7 @@ smoke workflow run once per test session."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,12 @@ def tiny_vl_assets(tiny_assets, tmp_path_factory) -> tuple[Path, Path]:
     build_from_text(text_model, model, {"seed": 0, "vision_tower": {"depth": 1, "hidden_size": 32,
                                                                     "intermediate_size": 64, "num_heads": 2}})
     return data, model
+
+
+def local_rules() -> list[str]:
+    """The Snakefile's `localrules:` (run by the submitting host, not sbatch)."""
+    block = re.search(r"^localrules:\n((?:    \w+,\n)+)", (ROOT / "Snakefile").read_text(), re.M)
+    return re.findall(r"(\w+),", block.group(1))
 
 
 def run_snakemake(

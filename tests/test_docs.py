@@ -90,3 +90,18 @@ def test_a_wrong_claim_of_each_kind_is_caught(variants, wrong, expected):
     columns = {"canary_leakage": {"out_acc", "gap"}, "nll": {"nll_window"}}
     found = problems({"docs/reference.md": wrong}, {t.name for t in registry()}, variants, columns)
     assert any(expected in p for p in found), found
+
+
+def test_the_cluster_docs_name_the_snakefiles_local_rules():
+    """docs/slurm.md, profiles/slurm and workflow_config.yaml's `resources`
+    comment each name the views the Snakefile runs on the submitting host:
+    the same list, read from the Snakefile's `localrules:`."""
+    from conftest import local_rules
+
+    views = [rule for rule in local_rules() if rule != "all"]
+    assert views == ["tables", "plots", "claims", "summary"], views
+    named = ", ".join(views)
+    assert f"(`{'`, `'.join(views)}`)" in " ".join((ROOT / "docs" / "slurm.md").read_text().split())
+    for path in (ROOT / "profiles" / "slurm" / "config.yaml", ROOT / "workflow_config.yaml"):
+        text = " ".join(line.lstrip("# ") for line in path.read_text().splitlines())
+        assert named in text, f"{path.name} does not name the local views {named}"

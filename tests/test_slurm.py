@@ -16,19 +16,13 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import ROOT, run_snakemake
+from conftest import ROOT, local_rules, run_snakemake
 from test_robustness import records
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
 
 TEXT_ONLY = ROOT / "tests" / "cluster" / "text_only.yaml"
-
-
-def local_rules() -> list[str]:
-    """The Snakefile's `localrules:` (run by the submitting host, not sbatch)."""
-    block = re.search(r"^localrules:\n((?:    \w+,\n)+)", (ROOT / "Snakefile").read_text(), re.M)
-    return re.findall(r"(\w+),", block.group(1))
 
 
 def cluster_up() -> bool:
