@@ -206,6 +206,19 @@ def test_a_selector_that_matches_no_variant_names_the_nearest():
                         fields)
 
 
+def test_variants_that_select_several_per_seed_are_refused_before_any_job():
+    """A checkpoint beside its quantized copy, or two Ks: one claim's value
+    cannot stand for several models (docs/results.md's run first read this
+    in its claims job, after every model job)."""
+    run = run_of({0: (0.3, 0.2, 0.4), 1: (0.3, 0.2, 0.4)})
+    fields = fields_of({**run.variants, "m/npo-bio-s0-k20.int4-row": {**variant(0), "kind": "recovery"},
+                        "m/npo-bio-s1-k20.int4-row": {**variant(1), "kind": "recovery"}}, {})
+    with pytest.raises(ClaimError, match=r"`claims.npo_forgets.variants` \{'method': 'npo'\} selects 2 variants per "
+                                         r"seed \(m/npo-bio-k20, m/npo-bio-k20.int4-row\); narrow it"):
+        check_selectors(parse([{**LOWER, "variants": {"method": "npo"}}]), fields)
+    check_selectors(parse([{**LOWER, "variants": {"method": "npo", "kind": "unlearned"}}]), fields)
+
+
 def test_the_design_refuses_a_bad_claim_before_any_job():
     from test_design import design_of
 

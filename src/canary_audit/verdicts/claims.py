@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from canary_audit.verdicts.measures import MEASURES
+from canary_audit.views.seeds import family_of
 
 SELECTOR_KEYS = ("variant", "model", "kind", "method", "run", "template", "k", "seed", "apply", "cell", "source",
                  "step", "application", "quantize", "relearn", "relearn_steps")
@@ -208,15 +209,29 @@ def select(fields: dict[str, dict], selector: dict) -> list[str]:
                                         -(fields[n].get("k") or 0), n))
 
 
+def one_family(claim: Claim, names: list[str], fields: dict[str, dict]) -> None:
+    """Refuse a claim's `variants` that select more than one variant per
+    seed (a checkpoint beside its quantized copies, say): one value would
+    stand for several models."""
+    families = {family_of(n, fields[n]["seed"]) if fields[n].get("seed") is not None else n for n in names}
+    if len(families) > 1:
+        raise ClaimError(f"`{claim.key}.variants` {claim.variants} selects {len(families)} variants per seed "
+                         f"({', '.join(sorted(families)[:4])}); narrow it (e.g. kind, k, run, template or variant)")
+
+
 def check_selectors(claims: list[Claim], fields: dict[str, dict]) -> None:
     """Refuse, before any job, a selector (of `variants` or of a compared
-    selector) that matches no variant the config makes, naming the nearest."""
+    selector) that matches no variant the config makes, naming the nearest,
+    and `variants` that select several per seed."""
     for claim in claims:
         selectors = [("variants", claim.variants)]
         if isinstance(claim.compare, dict):
             selectors.append(("compare.variants", claim.compare["variants"]))
         for key, selector in selectors:
-            if select(fields, selector):
+            names = select(fields, selector)
+            if names:
+                if key == "variants":
+                    one_family(claim, names, fields)
                 continue
             for field_name, value in selector.items():
                 values = sorted({str(f.get(field_name)) for f in fields.values() if f.get(field_name) is not None})

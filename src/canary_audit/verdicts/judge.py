@@ -41,6 +41,7 @@ from canary_audit.verdicts.claims import (
     check_selectors,
     fields_of,
     load,
+    one_family,
     paper_claims,
     parse,
     select,
@@ -65,7 +66,6 @@ from canary_audit.verdicts.measures import MEASURES, Measure
 from canary_audit.verdicts.papers import ONE_SEED, floor_note, planted
 from canary_audit.verdicts.readings import NOT_MEASURABLE, SAME, Ours, Run
 from canary_audit.views.markdown import to_markdown
-from canary_audit.views.seeds import family_of
 
 BELOW_FLOOR = "below the floor"
 Z95 = evidence.Z95
@@ -192,10 +192,7 @@ def gather(run: Run, claim: Claim, fields: dict) -> Pending:
     if not names:
         pending.refused, pending.source = f"no variant of this run matches {claim.variants}", "view_config.json"
         return pending
-    families = {family_of(n, fields[n]["seed"]) if fields[n].get("seed") is not None else n for n in names}
-    if len(families) > 1:
-        raise ClaimError(f"`{claim.key}.variants` {claim.variants} selects {len(families)} variants per seed "
-                         f"({', '.join(sorted(families)[:4])}); narrow it (e.g. k, run, template or variant)")
+    one_family(claim, names, fields)
     for name in names:
         past = _past_ceiling(measure, claim, _row(run, measure, claim, name))
         if past:
