@@ -26,14 +26,9 @@ _running: list[pytest.Item] = []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests that use a workflow fixture, then run the fast tier
-    first (each tier in collection order): a failure there shows in two
-    minutes, and the SLURM audit submitted at the start (below) runs beside
-    single-process tests instead of workflows that already take both cores."""
     for item in items:
         if set(WORKFLOW_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.workflow)
-    items.sort(key=lambda item: item.get_closest_marker("workflow") is not None)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -88,21 +83,6 @@ def local_rules() -> list[str]:
     return re.findall(r"(\w+),", block.group(1))
 
 
-def snakemake_command(
-    workdir: Path, *args: str, extra_configs: tuple[Path, ...] = (), layer: str = "configs/smoke.yaml",
-) -> tuple[list[str], dict[str, str]]:
-    """(command, environment) of Snakemake on this repository's Snakefile
-    and the default config with `layer` and `extra_configs` on top."""
-    configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / layer), *map(str, extra_configs)]
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--configfile", *configs, *args]
-    # Jobs run `python -m canary_audit`: the interpreter running this must be
-    # the one on PATH, with the package importable.
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return cmd, env
-
-
 def run_snakemake(
     workdir: Path, *args: str, check: bool = True, extra_configs: tuple[Path, ...] = (),
     layer: str = "configs/smoke.yaml", timeout: int = 900,
@@ -115,7 +95,13 @@ def run_snakemake(
     if "-n" not in args and _running and _running[0].get_closest_marker("workflow") is None:
         raise AssertionError(f"{_running[0].nodeid} runs Snakemake but is not marked `workflow` (the slow tier): "
                              "mark it, or add the fixture that runs it to conftest.WORKFLOW_FIXTURES")
-    cmd, env = snakemake_command(workdir, *args, extra_configs=extra_configs, layer=layer)
+    configs = [str(ROOT / "workflow_config.yaml"), str(ROOT / layer), *map(str, extra_configs)]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--configfile", *configs, *args]
+    # Jobs run `python -m canary_audit`: the interpreter running this must be
+    # the one on PATH, with the package importable.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = _forked_snakemake(cmd, env, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -148,64 +134,6 @@ def _forked_snakemake(cmd: list[str], env: dict[str, str], timeout: int) -> subp
             child.join()
             raise subprocess.TimeoutExpired(cmd, timeout)
         return subprocess.CompletedProcess(cmd, child.exitcode, out.read_text(), err.read_text())
-
-
-# The SLURM audit (tests/test_slurm.py) is submitted as soon as the session
-# has collected its tests, not when they are reached: its jobs run in the
-# cluster's processes and its Snakemake mostly sleeps between status polls,
-# so the ~110 s chain of dependent jobs fills the core the fast tier leaves
-# idle (docs/performance.md measures the suite with and without).
-SLURM_ARGS = (
-    "--profile", str(ROOT / "profiles" / "slurm"),
-    # The first status poll after 8 s, when the light jobs (7 s under SLURM) are done; the
-    # plugin adds 10 s per poll that finds none done, so a 20 s training job is seen at 26 s.
-    "--slurm-init-seconds-before-status-checks", "8",
-    "--default-resources", "slurm_partition=debug",
-)
-TEXT_ONLY = ROOT / "tests" / "cluster" / "text_only.yaml"
-_submitted: list[tuple[Path, subprocess.Popen]] = []
-
-
-def cluster_up() -> bool:
-    """Whether a SLURM cluster answers here (tests/cluster/start.sh starts one)."""
-    import shutil
-
-    if not shutil.which("sbatch"):
-        return False
-    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Submit the SLURM audit when a test marked `slurm` is selected and a
-    cluster answers."""
-    if not any(item.get_closest_marker("slurm") for item in session.items) or not cluster_up():
-        return
-    workdir = session.config._tmp_path_factory.mktemp("slurm")  # pytest's own basetemp, kept like tmp_path's
-    cmd, env = snakemake_command(workdir, *SLURM_ARGS, extra_configs=(TEXT_ONLY,))
-    with (workdir / "snakemake.log").open("w") as log:
-        _submitted.append((workdir, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                     start_new_session=True)))
-
-
-def slurm_submission() -> tuple[Path, subprocess.Popen] | None:
-    """(work dir, Snakemake process) of the SLURM audit, or None when none
-    was submitted (no cluster answers)."""
-    return _submitted[0] if _submitted else None
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A submission still running (its test deselected by a failure's -x,
-    or interrupted) is stopped: SIGINT makes Snakemake cancel its jobs."""
-    import signal
-
-    for _, proc in _submitted:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -6,43 +6,49 @@ accounting; `.ci/run` does so and sets CANARY_AUDIT_SLURM=1, which turns a
 missing cluster into a failure instead of a skip).  Checks that every job but
 the Snakefile's localrules (`all` and the views) went through sbatch and
 finished in SLURM's accounting, and that the records equal a local run's.
-conftest submits the run when the session has collected its tests, so the
-cluster works while the tests before this module run.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
-from conftest import TEXT_ONLY, local_rules, run_snakemake, slurm_submission
+from conftest import ROOT, local_rules, run_snakemake
 from test_robustness import records
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
 
+TEXT_ONLY = ROOT / "tests" / "cluster" / "text_only.yaml"
+
+
+def cluster_up() -> bool:
+    if not shutil.which("sbatch"):
+        return False
+    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+
+
 @pytest.fixture(scope="module")
-def slurm_run():
-    """(work dir, Snakemake's output) of the SLURM audit conftest submitted
-    when the session started (conftest.SLURM_ARGS: the profile, the
-    partition, the first status poll), once it has ended."""
-    submission = slurm_submission()
-    if submission is None:
+def slurm_run(tmp_path_factory):
+    if not cluster_up():
         if os.environ.get("CANARY_AUDIT_SLURM") == "1":
             pytest.fail("CANARY_AUDIT_SLURM=1 but no SLURM cluster answers; run tests/cluster/start.sh")
         pytest.skip("no SLURM cluster here (start one with tests/cluster/start.sh)")
-    workdir, proc = submission
-    # Snakemake ignores a plain SIGTERM while jobs run: SIGKILL bounds a hung run.
-    try:
-        proc.wait(timeout=1200)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        raise
-    log = (workdir / "snakemake.log").read_text()
-    assert proc.returncode == 0, f"snakemake failed:\n{log[-4000:]}"
-    return workdir, log
+    workdir = tmp_path_factory.mktemp("slurm")
+    # Snakemake ignores a plain SIGTERM while jobs run: the subprocess timeout
+    # (SIGKILL) in run_snakemake bounds a hung run instead.
+    proc = run_snakemake(
+        workdir, "--profile", str(ROOT / "profiles" / "slurm"),
+        # The first status poll after 8 s, when the light jobs (7 s under SLURM) are done; the
+        # plugin adds 10 s per poll that finds none done, so a 20 s training job is seen at 26 s.
+        "--slurm-init-seconds-before-status-checks", "8",
+        "--default-resources", "slurm_partition=debug",
+        extra_configs=(TEXT_ONLY,), timeout=1200,
+    )
+    return workdir, proc.stdout + proc.stderr
 
 
 def test_every_job_went_through_sbatch_and_finished(slurm_run, smoke_run):
