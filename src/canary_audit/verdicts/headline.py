@@ -27,6 +27,7 @@ import polars as pl
 from canary_audit.verdicts.decision import HOLDS
 from canary_audit.verdicts.judge import beside_ours
 from canary_audit.verdicts.readings import Run, ci_text
+from canary_audit.views.audit_bound import ANY
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
 BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/seeds/tables "
@@ -227,6 +228,31 @@ def _control_figures(run: Run) -> dict[str, str]:
             "negatives_clean": str(controls.filter(pl.col("negative_verdict") == "clean").height)}
 
 
+def _bound_figures(run: Run, members: str, k_max: str) -> dict[str, str]:
+    """Who the run memorizes and, under coin inclusion (the only runs with an
+    `audit_bound` table), what the one-run bound certifies over the seeds'
+    pooled candidates: the memorized BIO adapter, NPO at its largest K and
+    the never-trained references (empty without one)."""
+    bound = run.table("audit_bound")
+    if bound is None or bound.filter(pl.col("population") == "author").is_empty():
+        return {"authors": f"{members} fictional authors", "bound_reading": ""}
+    author = bound.filter((pl.col("population") == "author") & (pl.col("score") == ANY)
+                          & pl.col("variant").str.starts_with(f"{TEXT}/"))
+    pooled = author.filter(pl.col("seeds") == author["seeds"].max())
+    mem = _one(pooled.filter(pl.col("variant") == f"{TEXT}/mem-bio"), "the pooled bound of the memorized BIO adapter")
+    npo = _one(pooled.filter(pl.col("variant") == f"{TEXT}/npo-bio-k{k_max}"),
+               f"the pooled bound of NPO at K = {k_max}")
+    references = pooled.filter(pl.col("variant").str.contains("/reference-"))["epsilon_lower"]
+    candidates = author.filter(pl.col("seeds") == 1)["candidates"].max()
+    return {"authors": f"the fictional authors a fair coin keeps of {candidates} candidates ({members} on seed 0, "
+                       "the rest its non-members)",
+            "bound_reading": f"Over the {mem['seeds']} seeds' {mem['candidates']} coin-drawn candidates the "
+                             f"one-run audit certifies epsilon >= {mem['epsilon_lower']:.2f} at 95% for the memorized "
+                             f"BIO adapter ({mem['correct']} of {mem['guesses']} guesses right; the cap is "
+                             f"{mem['cap']:.2f}), {npo['epsilon_lower']:.2f} for NPO at K = {k_max} and "
+                             f"{_span(references, 2)} for the never-trained references."}
+
+
 def headline_figures(tables: Path) -> dict[str, str]:
     """figure name -> its text, as the README quotes it; NoHeadline when the
     run is not one of the default audit's models and arms."""
@@ -240,6 +266,7 @@ def headline_figures(tables: Path) -> dict[str, str]:
     figures = {"code": ", ".join(commits) or "an uncommitted tree"}
     for part in (_sweep_figures, _canary_figures, _measure_figures, _control_figures):
         figures.update(part(run))
+    figures.update(_bound_figures(run, figures.pop("n_authors"), figures["k_max"]))
     return figures
 
 
