@@ -114,17 +114,19 @@ def test_a_measure_that_picks_or_pools_variants_never_reads_a_planted_control(tm
     assert got["a_head_echo"][0] == NOT_TESTABLE
 
 
-def seeded(tables, gaps, pooled_gap, runs=None):
-    """The headline's family trained under three seeds: each seed's gap in
-    the per-variant tables, the pooled gap in across_seeds, and (`runs`:
-    bSFT seed -> diagnosis) paper B's seed-level runs."""
+def seeded(tables, gaps, pooled_gap, runs=None, half=0.1):
+    """The headline's family trained under three seeds: each seed's gap (its
+    CI +- `half`) in the per-variant tables, the pooled gap in
+    across_seeds, and (`runs`: bSFT seed -> diagnosis) paper B's seed-level
+    runs."""
     write(tables)
     config = json.loads((tables / "view_config.json").read_text())
     for seed in (1, 2):
         config["variants"][f"m/npo-bio-s{seed}-k20"] = {**VARIANTS[HEAD], "seed": seed, "parent": f"m/mem-bio-s{seed}"}
     (tables / "view_config.json").write_text(json.dumps(config))
     rows = [{"variant": f"m/npo-bio-s{s}-k20", "arm": "auto", **ci("out_acc", 0.5, 0.4, 0.6),
-             **ci("thk_leak", 0.5 + g, 0.4 + g, 0.6 + g), **ci("gap", g, g - 0.1, g + 0.1)} for s, g in enumerate(gaps)]
+             **ci("thk_leak", 0.5 + g, 0.4 + g, 0.6 + g), **ci("gap", g, g - half, g + half)}
+            for s, g in enumerate(gaps)]
     pl.DataFrame(rows).write_csv(tables / "canary_leakage.csv")
     pl.DataFrame([{"family": "m/npo-bio-k20", "seeds": 3, **ci("out_acc", 0.5, 0.4, 0.6), **ci("gap", *pooled_gap)}]
                  ).write_csv(tables / "across_seeds.csv")
@@ -135,7 +137,9 @@ def seeded(tables, gaps, pooled_gap, runs=None):
 
 
 def test_a_verdict_across_seeds_pools_them_and_shows_each(tmp_path):
-    page = seeded(tmp_path / "t", [0.2, 0.25, 0.15], (0.2, 0.05, 0.35), runs={0: "agree", 1: "agree", 2: "agree"})
+    # +- 0.05 a seed: from the seeds' estimates alone the interval takes t on 2 df (intervals.seed_points)
+    page = seeded(tmp_path / "t", [0.2, 0.25, 0.15], (0.2, 0.05, 0.35), runs={0: "agree", 1: "agree", 2: "agree"},
+                  half=0.05)
     gap = page.filter(pl.col("claim").str.starts_with("parser-split bypass gap")).row(0, named=True)
     assert gap["verdict"] == HOLDS and gap["seeds"] == 3 and gap["this_run"].endswith("over 3 seeds")
     assert [part.split(":")[0] for part in gap["per_seed"].split("; ")] == ["s0", "s1", "s2"]
