@@ -480,3 +480,28 @@ def test_a_smoke_scale_audit_judges_claims_on_the_bound_and_reads_its_controls(t
     assert grid.group_by("variant", "population").agg(pl.col("epsilon_lower").max()).filter(
         pl.col("variant") == "tiny/mem-bio-s0")["epsilon_lower"].item() == pytest.approx(memorized)
     assert (results / "plots" / "audit_bound.png").stat().st_size > 10000
+
+
+def test_the_readmes_short_result_reads_a_familys_pooled_bound_or_its_one_seed():
+    """The short result's bound sentence (verdicts/headline.py) reads each
+    family's pooled row where seeds pool and the seed's own row where one
+    seed ran; without an author bound (fixed inclusion) it says nothing."""
+    import polars as pl
+
+    from canary_audit.verdicts.headline import _bound_figures
+    from canary_audit.verdicts.readings import Run
+    from canary_audit.views.audit_bound import ANY
+
+    def row(variant, seeds, candidates, eps, correct=20, guesses=20):
+        return {"variant": variant, "population": "author", "seeds": seeds, "score": ANY, "candidates": candidates,
+                "guesses": guesses, "correct": correct, "epsilon_lower": eps, "cap": 1.86 if seeds == 1 else 3.01}
+
+    one = [row("tiny/mem-bio-s0", 1, 40, 1.10), row("tiny/npo-bio-s0-k20", 1, 40, 1.04, 37, 40),
+           row("tiny/reference-meta-s0", 1, 40, 0.0, 2, 4)]
+    pooled = [*one, row("tiny/mem-bio", 3, 120, 2.29, 60, 60), row("tiny/npo-bio-k20", 3, 120, 2.29, 60, 60),
+              row("tiny/reference-meta", 3, 120, 0.0, 7, 12)]
+    for rows, want in ((one, "one seed's 40 coin-drawn candidates the one-run audit certifies epsilon >= 1.10"),
+                       (pooled, "3 seeds' 120 coin-drawn candidates the one-run audit certifies epsilon >= 2.29")):
+        got = _bound_figures(Run(None, {}, {"audit_bound": pl.DataFrame(rows)}), "23", "20")
+        assert want in got["bound_reading"] and "of 40 candidates (23 on seed 0" in got["authors"], got
+    assert _bound_figures(Run(None, {}, {}), "40", "20") == {"authors": "40 fictional authors", "bound_reading": ""}

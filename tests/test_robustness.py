@@ -28,9 +28,10 @@ def records(workdir):
 # The probe group the second run rebuilds: the vision-language model's base
 # group (the embedded text model's build it stands on, its own build, its
 # canary LoRA and reference, the image and text hex probes).  The text
-# model's records are rebuilt cold by tests/test_slurm.py (every job under
-# SLURM starts cold; its memorization and base groups equal the warm smoke
-# run's bit for bit) and its text canary LoRA trains by the VL one's code.
+# model's records are rebuilt cold by tests/test_slurm.py where a cluster
+# answers, as in CI (every job under SLURM starts cold; its memorization and
+# base groups equal the warm smoke run's bit for bit), and its text canary
+# LoRA trains by the VL one's code.
 # Left out to keep the cold run short: the bSFT groups, and the
 # memorization branch, whose training is checked bit for bit elsewhere (a
 # memorization LoRA forked and fresh: test_warm; unlearning whole and

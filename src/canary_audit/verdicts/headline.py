@@ -238,15 +238,18 @@ def _bound_figures(run: Run, members: str, k_max: str) -> dict[str, str]:
         return {"authors": f"{members} fictional authors", "bound_reading": ""}
     author = bound.filter((pl.col("population") == "author") & (pl.col("score") == ANY)
                           & pl.col("variant").str.starts_with(f"{TEXT}/"))
-    pooled = author.filter(pl.col("seeds") == author["seeds"].max())
-    mem = _one(pooled.filter(pl.col("variant") == f"{TEXT}/mem-bio"), "the pooled bound of the memorized BIO adapter")
-    npo = _one(pooled.filter(pl.col("variant") == f"{TEXT}/npo-bio-k{k_max}"),
+    # a family's pooled row (one seed: the seed's own, its name without the seed)
+    pooled = author.filter(pl.col("seeds") == author["seeds"].max()).with_columns(
+        family=pl.col("variant").str.replace(r"-s\d+(-|$)", "$1"))
+    mem = _one(pooled.filter(pl.col("family") == f"{TEXT}/mem-bio"), "the pooled bound of the memorized BIO adapter")
+    npo = _one(pooled.filter(pl.col("family") == f"{TEXT}/npo-bio-k{k_max}"),
                f"the pooled bound of NPO at K = {k_max}")
     references = pooled.filter(pl.col("variant").str.contains("/reference-"))["epsilon_lower"]
     candidates = author.filter(pl.col("seeds") == 1)["candidates"].max()
+    over = "one seed's" if mem["seeds"] == 1 else f"the {mem['seeds']} seeds'"
     return {"authors": f"the fictional authors a fair coin keeps of {candidates} candidates ({members} on seed 0, "
                        "the rest its non-members)",
-            "bound_reading": f"Over the {mem['seeds']} seeds' {mem['candidates']} coin-drawn candidates the "
+            "bound_reading": f"Over {over} {mem['candidates']} coin-drawn candidates the "
                              f"one-run audit certifies epsilon >= {mem['epsilon_lower']:.2f} at 95% for the memorized "
                              f"BIO adapter ({mem['correct']} of {mem['guesses']} guesses right; the cap is "
                              f"{mem['cap']:.2f}), {npo['epsilon_lower']:.2f} for NPO at K = {k_max} and "
