@@ -502,6 +502,7 @@ def test_the_readmes_short_result_reads_a_familys_pooled_bound_or_its_one_seed()
               row("tiny/reference-meta", 3, 120, 0.0, 7, 12)]
     for rows, want in ((one, "one seed's 40 coin-drawn candidates the one-run audit certifies epsilon >= 1.10"),
                        (pooled, "3 seeds' 120 coin-drawn candidates the one-run audit certifies epsilon >= 2.29")):
-        got = _bound_figures(Run(None, {}, {"audit_bound": pl.DataFrame(rows)}), "23", "20")
+        seeded = {v: {"seed": 0} for v in ("tiny/mem-bio-s0", "tiny/npo-bio-s0-k20", "tiny/reference-meta-s0")}
+        got = _bound_figures(Run(None, {"variants": seeded}, {"audit_bound": pl.DataFrame(rows)}), "23", "20")
         assert want in got["bound_reading"] and "of 40 candidates (23 on seed 0" in got["authors"], got
     assert _bound_figures(Run(None, {}, {}), "40", "20") == {"authors": "40 fictional authors", "bound_reading": ""}

@@ -55,8 +55,9 @@ def hex_candidates(cfg: dict) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]
     trained ones, their decoys, and the rest (each behind its own preamble,
     in the non-members' columns)."""
     canaries, decoys = syn.canary_frames(cfg["n_hex_canaries"], cfg["seed"])
-    kept = canaries.filter(pl.Series(hex_included(cfg)))
-    rest = canaries.filter(~pl.Series(hex_included(cfg))).select("canary_id", "preamble", "secret", "text")
+    coin = pl.Series(hex_included(cfg))
+    kept = canaries.filter(coin)
+    rest = canaries.filter(~coin).select("canary_id", "preamble", "secret", "text")
     return kept, decoys.filter(pl.col("canary_id").is_in(kept["canary_id"].implode())), rest
 
 

@@ -28,6 +28,7 @@ from canary_audit.verdicts.decision import HOLDS
 from canary_audit.verdicts.judge import beside_ours
 from canary_audit.verdicts.readings import Run, ci_text
 from canary_audit.views.audit_bound import ANY
+from canary_audit.views.seeds import family_of
 
 TEMPLATE = Path(__file__).with_name("readme_result.md")
 BEGIN = ("<!-- short result: written by `python -m canary_audit summary --tables results/seeds/tables "
@@ -238,9 +239,11 @@ def _bound_figures(run: Run, members: str, k_max: str) -> dict[str, str]:
         return {"authors": f"{members} fictional authors", "bound_reading": ""}
     author = bound.filter((pl.col("population") == "author") & (pl.col("score") == ANY)
                           & pl.col("variant").str.starts_with(f"{TEXT}/"))
-    # a family's pooled row (one seed: the seed's own, its name without the seed)
+    # a family's pooled row, or where one seed ran the seed's own row, named by its family (views/seeds)
+    fields = {name: run.variants.get(name, {}) for name in author["variant"]}
+    family = {name: family_of(name, f["seed"]) if f.get("seed") is not None else name for name, f in fields.items()}
     pooled = author.filter(pl.col("seeds") == author["seeds"].max()).with_columns(
-        family=pl.col("variant").str.replace(r"-s\d+(-|$)", "$1"))
+        family=pl.col("variant").replace_strict(family))
     mem = _one(pooled.filter(pl.col("family") == f"{TEXT}/mem-bio"), "the pooled bound of the memorized BIO adapter")
     npo = _one(pooled.filter(pl.col("family") == f"{TEXT}/npo-bio-k{k_max}"),
                f"the pooled bound of NPO at K = {k_max}")
